@@ -1,0 +1,2 @@
+"""fedsilo: cross-silo federated learning for NLP."""
+__version__ = "0.1.0"
