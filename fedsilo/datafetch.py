@@ -94,6 +94,7 @@ def ensure(task: str, dest: Path, mirror: Path | None = None, manifest: Path | N
         target = dest / src.path
         if _is_verified(target, src):
             continue
+        target.parent.mkdir(parents=True, exist_ok=True)
         local = _mirror_file(mirror, task, src.path)
         if local is not None:
             _log(progress, f"copying {src.path} from {local}")
@@ -132,7 +133,6 @@ def _download(src: Source, target: Path) -> None:
 
 def _install(stream: BinaryIO, target: Path, src: Source, origin: str) -> None:
     """Copy ``stream`` to a temp file beside ``target``, verify its sha256, then rename it in."""
-    target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
     tmp = Path(tmp_name)
     try:

@@ -144,7 +144,7 @@ def test_record_without_sql_names_file_and_index(tmp_path):
 
 
 def test_sentence_without_text_names_sentence(tmp_path):
-    bad = _record(["0", "1"])
+    bad = _record(["0", "1"], values=("a", "b"))
     del bad["sentences"][1]["text"]
     _write_silo(tmp_path, "imdb", [bad])
     with pytest.raises(DataError, match=r"record 0, sentence 1: missing key 'text'"):
