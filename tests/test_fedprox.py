@@ -1,0 +1,35 @@
+import pytest
+import torch
+
+from fedsilo.client.train import prox_term, train_local
+from tests.toy import TiedToy, toy_collate, toy_data
+
+
+def test_prox_gradient_is_mu_times_distance():
+    w = {"a": torch.tensor([1.0, 2.0], requires_grad=True)}
+    anchor = {"a": torch.tensor([0.5, -1.0])}
+    prox_term(w, anchor, mu=0.1).backward()
+    assert w["a"].grad.tolist() == pytest.approx([0.05, 0.3])
+    assert prox_term(w, anchor, 0.1).item() == pytest.approx(0.05 * (0.25 + 9.0))
+
+
+def test_one_sgd_step_includes_prox_gradient():
+    data = toy_data(4, seed=1)
+    torch.manual_seed(0)
+    model = TiedToy()
+    params = dict(model.named_parameters())
+    anchor = {k: v.detach().clone() + 0.5 for k, v in params.items()}  # global model elsewhere
+    start = {k: v.detach().clone() for k, v in params.items()}
+    # reference gradient of the data loss alone, at the start point
+    model.zero_grad()
+    model(**toy_collate(data)).loss.backward()  # batch = all 4 examples, order irrelevant for the mean
+    grads = {k: p.grad.clone() for k, p in params.items()}
+    mu, lr = 0.3, 0.1
+    result = train_local(model, data, toy_collate, epochs=1, lr=lr, batch_size=4, optimizer="sgd",
+                         prox_mu=mu, anchor=anchor, max_grad_norm=None)
+    for k, p in params.items():
+        expected = start[k] - lr * (grads[k] + mu * (start[k] - anchor[k]))
+        assert torch.allclose(p.detach(), expected, atol=1e-6), k
+    # the logged loss includes the prox term
+    prox = 0.5 * mu * sum(((start[k] - anchor[k]) ** 2).sum() for k in params)
+    assert result.losses[0][1] > float(prox)
