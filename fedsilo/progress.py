@@ -8,7 +8,7 @@ from rich.progress import Progress as RichProgress
 
 class Progress:
     def __init__(self, enabled: bool = True, console: Console | None = None) -> None:
-        self.console = console or Console(stderr=True)
+        self.console = console or Console(stderr=True, log_path=False)
         self._bar = RichProgress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TimeRemainingColumn(), console=self.console, transient=False,

@@ -168,10 +168,11 @@ def print_results(
     table = Table(title=results.get("name"))
     table.add_column(header[0], style="bold")
     for col in header[1:]:
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="right", no_wrap=True)
     for row in body:
         table.add_row(*row)
-    (console or Console()).print(table)
+    # A table is read whole: never squeeze it into a narrow or non-terminal default width.
+    (console or Console(width=max(Console().width, 160))).print(table)
 
 
 # ----------------------------------------------------------------------- plots
