@@ -27,6 +27,12 @@ def combine(per_silo: dict[str, dict]) -> dict:
             "micro": 100.0 * correct / n if n else 0.0}
 
 
+def _pooled_loss(per_silo: dict[str, dict]) -> float:
+    """Mean loss over the merged set (silos weighted by their example counts)."""
+    n = sum(r["n"] for r in per_silo.values())
+    return sum(r["loss"] * r["n"] for r in per_silo.values()) / n if n else float("nan")
+
+
 @dataclass
 class Member:
     """A participant: a name, its training examples and its hyper-parameters."""
@@ -105,7 +111,6 @@ def run_federation(cfg: RunConfig, run: RunDir, task, model, resume: bool = Fals
     elif resume:
         run.truncate_rounds(0)
 
-    dev_examples = [e for s in task.silos for e in task.examples(s, "dev")]
     rounds = cfg.federation.rounds
     for r in range(start, rounds + 1):
         sampled = sample_clients(list(clients), r, cfg.seed, cfg.federation.sample_fraction,
@@ -115,9 +120,9 @@ def run_federation(cfg: RunConfig, run: RunDir, task, model, resume: bool = Fals
         if r % cfg.federation.eval_every == 0 or r == rounds:
             t0 = time.perf_counter()
             dev = _evaluate(task, model, server, clients, "dev", progress)
-            dev["loss"] = task.mean_loss(model, dev_examples) if not any(c.private for c in clients.values()) else None
+            dev["loss"] = _pooled_loss(dev["per_silo"])
             dev["score"] = dev["micro"]
-            key = [dev["score"], -(dev["loss"] or 0.0)]
+            key = [dev["score"], -dev["loss"]]
             if best is None or key > best["key"]:
                 best = {"key": key, "round": r, "score": dev["score"]}
                 run.save(run.best, {"round": r, "server": server.state_dict(),

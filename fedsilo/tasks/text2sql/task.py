@@ -53,9 +53,10 @@ class Text2SQLTask:
     def collate(self, batch: Sequence[Example]) -> dict[str, torch.Tensor]:
         """Inputs and labels (target + EOS, padding = -100) for a seq2seq loss."""
         enc = self._encode_sources(batch)
-        targets = self.tokenizer([e.sql for e in batch], add_special_tokens=False)["input_ids"]
         limit = self.cfg.max_target_length - 1
-        rows = [t[:limit] + [self.eos] for t in targets]
+        targets = self.tokenizer([e.sql for e in batch], add_special_tokens=False, truncation=True,
+                                 max_length=limit)["input_ids"]
+        rows = [t + [self.eos] for t in targets]
         width = max(len(r) for r in rows)
         labels = torch.full((len(rows), width), -100, dtype=torch.long)
         for i, r in enumerate(rows):
@@ -94,11 +95,12 @@ class Text2SQLTask:
         summary = summarize(correct)
         for silo, row in summary["per_silo"].items():
             row["exec"] = executed.get(silo)
+            row["loss"] = self.mean_loss(model, self.examples(silo, split))
         return summary
 
     @torch.no_grad()
     def mean_loss(self, model, examples: Sequence[Example]) -> float:
-        """Teacher-forced loss: breaks model-selection ties while exact match is still flat."""
+        """Teacher-forced token loss: a graded quality signal while exact match is still flat."""
         model.eval()
         total, n = 0.0, 0
         bs = self.cfg.eval_batch_size
