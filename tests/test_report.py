@@ -29,7 +29,8 @@ def _round(rnd: int, *, dev: bool = True, fallback: bool = False) -> dict:
         "round": rnd, "seconds": 10.0 * rnd, "sampled": CLIENTS, "weighting": "lorar",
         "fallback": fallback, "bytes_up": 3_000_000, "bytes_down": 6_000_000,
         "clients": clients, "missing": [],
-        "dev": {"score": 10.0 * rnd, "macro": 9.0 * rnd, "micro": 10.0 * rnd, "per_silo": {}} if dev else None,
+        "dev": {"score": 10.0 * rnd, "macro": 9.0 * rnd, "micro": 10.0 * rnd, "loss": 3.0 / rnd, "per_silo": {}}
+        if dev else None,
     }
 
 
@@ -211,7 +212,7 @@ def test_write_report_finished_run(tmp_path):
     assert report.markdown_table(report.results_table(RESULTS)) in md
     round_rows = [l for l in md.splitlines() if re.match(r"\| [123] \|", l)]
     assert len(round_rows) == 3
-    assert "| 2 | 20.0 | lorar | yes | 20.00 | 3.00 | 6.00 |" in md
+    assert "| 2 | 20.0 | lorar | yes | 20.00 | 1.500 | 3.00 | 6.00 |" in md
     assert 'paradigm = "federated"' in md
 
 
@@ -235,3 +236,13 @@ def test_module_does_not_import_torch():
     code = "import sys, fedsilo.runs.report; sys.exit('torch' in sys.modules)"
     repo = Path(report.__file__).parents[2]
     assert subprocess.run([sys.executable, "-c", code], cwd=repo).returncode == 0
+
+
+def test_loss_row_when_every_silo_has_a_loss():
+    results = {"test": {"per_silo": {"a": {"em": 0.0, "correct": 0, "n": 2, "loss": 1.25},
+                                     "b": {"em": 50.0, "correct": 1, "n": 2, "loss": 0.5}},
+                        "macro": 25.0, "micro": 25.0}}
+    rows = report.results_table(results)
+    assert rows[-1] == ["Loss", "1.250", "0.500", "-", "-"]
+    del results["test"]["per_silo"]["b"]["loss"]
+    assert report.results_table(results)[-1][0] == "EM"

@@ -118,6 +118,8 @@ def results_table(results: dict, display: Mapping[str, str] | None = None) -> li
     ]
     if any(per_silo[s].get("exec") is not None for s in silos):
         rows.append(["Exec", *(_num(per_silo[s].get("exec")) for s in silos), "-", "-"])
+    if all(per_silo[s].get("loss") is not None for s in silos):
+        rows.append(["Loss", *(f"{per_silo[s]['loss']:.3f}" for s in silos), "-", "-"])
     return rows
 
 
@@ -315,7 +317,16 @@ def plot_dev(rounds: list[dict], path: str | Path) -> Figure:
     ax.set_ylabel("dev score")
     ax.grid(alpha=0.3)
     _integer_rounds(ax)
-    ax.legend()
+    handles, labels = ax.get_legend_handles_labels()
+    losses = [r["dev"].get("loss") for r in evaluated]
+    if any(v is not None for v in losses):  # graded signal while exact match is still flat
+        twin = ax.twinx()
+        twin.plot(xs, [math.nan if v is None else v for v in losses], "-s", color="tab:gray", lw=1.2,
+                  label="dev loss")
+        twin.set_ylabel("dev loss (token cross-entropy)")
+        h2, l2 = twin.get_legend_handles_labels()
+        handles, labels = handles + h2, labels + l2
+    ax.legend(handles, labels)
     return _save(fig, path)
 
 
@@ -361,7 +372,7 @@ def _best(rounds: list[dict], results: dict | None) -> tuple[object, object]:
 
 def rounds_table(rounds: list[dict]) -> list[list[str]]:
     """Per-round summary rows (header first) for the report."""
-    rows = [["Round", "Seconds", "Weighting", "Fallback", "Dev score", "MB up", "MB down"]]
+    rows = [["Round", "Seconds", "Weighting", "Fallback", "Dev score", "Dev loss", "MB up", "MB down"]]
     for r in rounds:
         dev = r.get("dev") or {}
         rows.append([
@@ -370,6 +381,7 @@ def rounds_table(rounds: list[dict]) -> list[list[str]]:
             str(r.get("weighting") or "-"),
             "yes" if r.get("fallback") else "no",
             _num(dev.get("score")),
+            "-" if dev.get("loss") is None else f"{dev['loss']:.3f}",
             f"{r.get('bytes_up', 0) / MB:.2f}",
             f"{r.get('bytes_down', 0) / MB:.2f}",
         ])
