@@ -1,0 +1,56 @@
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from fedsilo.config import ConfigError, apply_overrides, load_config, to_toml, validate
+from fedsilo.server import sample_clients
+
+
+def test_per_silo_overrides_keep_other_defaults():
+    cfg = validate({"client": {"lr": 1e-4, "epochs": 12}, "clients": {"atis": {"epochs": 6}}})
+    assert cfg.client_config("atis").epochs == 6 and cfg.client_config("atis").lr == 1e-4
+    assert cfg.client_config("yelp").epochs == 12
+
+
+def test_override_for_unknown_silo_is_named():
+    with pytest.raises(ConfigError, match="clients.atlantis"):
+        validate({"clients": {"atlantis": {"epochs": 1}}})
+
+
+def test_set_parses_toml_values():
+    raw = apply_overrides({}, ["federation.rounds=5", "task.silos=['yelp', 'imdb']", "name=abc",
+                               "client.lr=1e-3"])
+    assert raw == {"federation": {"rounds": 5}, "task": {"silos": ["yelp", "imdb"]}, "name": "abc",
+                   "client": {"lr": 1e-3}}
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        apply_overrides({}, ["federation.rounds"])
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = validate({"clients": {"yelp": {"lr": 0.5}}, "server": {"optimizer": "adam"}})
+    assert validate(tomllib.loads(to_toml(cfg))) == cfg
+
+
+def test_shipped_experiment_configs_are_valid():
+    experiments = Path(__file__).resolve().parents[1] / "experiments"
+    paths = sorted(experiments.rglob("*.toml"))
+    assert len(paths) >= 3
+    for path in paths:
+        load_config(path)
+
+
+def test_adaptive_server_lr_default():
+    assert validate({"server": {"optimizer": "adam"}}).server.effective_lr == 0.01
+    assert validate({"server": {"optimizer": "sgdm"}}).server.effective_lr == 1.0
+
+
+def test_client_sampling_is_seeded_and_sized():
+    clients = [f"c{i}" for i in range(8)]
+    assert sample_clients(clients, 1, seed=0) == clients
+    a = sample_clients(clients, 3, seed=0, count=2)
+    assert len(a) == 2 and a == sample_clients(clients, 3, seed=0, count=2)
+    assert a == [c for c in clients if c in a]  # kept in silo order
+    assert len(sample_clients(clients, 3, seed=0, fraction=0.5)) == 4
+    draws = {tuple(sample_clients(clients, r, seed=0, count=2)) for r in range(1, 20)}
+    assert len(draws) > 3  # rounds draw different clients
