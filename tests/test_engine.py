@@ -110,3 +110,36 @@ def test_other_paradigms(tmp_path, data_dir, paradigm):
     else:
         (line,) = rounds_of(tmp_path / "run")
         assert list(line["clients"]) == ["pooled"] and line["clients"]["pooled"]["n_examples"] == 36
+
+
+def test_progress_shows_each_client_steps_and_round_log(tmp_path, data_dir):
+    import io
+
+    from rich.console import Console
+
+    import fedsilo.runs.runner as runner
+    from fedsilo.progress import Progress
+
+    class Recording(Progress):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            self.bars = []
+
+        def begin(self, description, total):
+            super().begin(description, total)
+            self.bars.append([description, total, 0])
+
+        def advance(self, n=1):
+            super().advance(n)
+            self.bars[-1][2] += n
+
+    buffer = io.StringIO()
+    cfg = validate(tiny_config(data_dir, federation={"rounds": 1}))
+    task, model = runner.build_task(cfg)
+    with Recording(console=Console(file=buffer, width=120)) as progress:
+        runner.run_federation(cfg, runner.RunDir(tmp_path / "run"), task, model, progress=progress)
+    assert "round 1/1 done" in buffer.getvalue() and "dev EM" in buffer.getvalue()
+    training = {d: (total, done) for d, total, done in progress.bars if d.startswith("round")}
+    assert training == {"round 1 · restaurants": (3, 3), "round 1 · academic": (3, 3), "round 1 · yelp": (6, 6)}
+    evaluation = [b for b in progress.bars if b[0].startswith("evaluating")]
+    assert [(t, d) for _, t, d in evaluation] == [(12, 12), (12, 12)]  # dev, then test

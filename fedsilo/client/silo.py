@@ -38,7 +38,11 @@ class SiloClient:
             for name, t in list(shared.items()) + list(self.private.items()):
                 params[name].copy_(t)
 
-    def fit(self, round_idx: int, shared: Tensors, seed: int) -> ClientUpdate:
+    def planned_steps(self) -> int:
+        return self.cfg.epochs * -(-len(self.examples) // self.cfg.batch_size)
+
+    def fit(self, round_idx: int, shared: Tensors, seed: int, on_step: Callable[[], None] | None = None
+            ) -> ClientUpdate:
         self.load_into_model(shared)
         result = train_local(
             self.model, self.examples, self.collate,
@@ -47,7 +51,7 @@ class SiloClient:
             logging_steps=self.cfg.logging_steps, prox_mu=self.cfg.prox_mu,
             anchor=shared if self.cfg.prox_mu > 0 else None,
             seed=client_seed(seed, round_idx, self.index), step_offset=self.steps_done,
-            max_grad_norm=self.cfg.max_grad_norm or None,
+            max_grad_norm=self.cfg.max_grad_norm or None, on_step=on_step,
         )
         self.steps_done += result.steps
         params = dict(self.model.named_parameters())

@@ -14,14 +14,13 @@ def run_round(server: Server, clients: dict[str, SiloClient], sampled: list[str]
     start = time.perf_counter()
     server.begin_round()
     for name in sampled:
+        client = clients[name]
         if progress:
-            progress.begin(f"round {round_idx} · {name}", 1)
-        update = clients[name].fit(round_idx, server.payload(), seed)
+            progress.begin(f"round {round_idx} · {name}", client.planned_steps())
+        update = client.fit(round_idx, server.payload(), seed, on_step=progress.advance if progress else None)
         reason = server.receive(name, update)
         if reason and progress:
             progress.log(f"[yellow]round {round_idx}: rejected {name}: {reason}")
-        if progress:
-            progress.advance()
     record = server.end_round()
     record.update(round=round_idx, sampled=sampled, missing=[])
     record["bytes_up"] = sum(c["bytes_up"] for c in record["clients"].values())
