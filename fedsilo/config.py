@@ -13,6 +13,10 @@ from fedsilo.core.server_opt import OPTIMIZERS as SERVER_OPTIMIZERS
 from fedsilo.core.weighting import POLICIES
 
 
+# Silo catalogue per task, kept here so a config is checked before any data is read.
+TASK_SILOS = {"text2sql": ("advising", "atis", "geography", "restaurants", "scholar", "academic", "imdb", "yelp")}
+
+
 class ConfigError(ValueError):
     """A config the user wrote cannot be run; the message names the culprit."""
 
@@ -24,14 +28,24 @@ class Strict(BaseModel):
 class TaskConfig(Strict):
     name: Literal["text2sql"] = "text2sql"
     data_dir: str | None = None  # None: fetch/verify into the data cache (see `fedsilo data`)
-    silos: list[str] = Field(default_factory=lambda: ["advising", "atis", "geography", "restaurants",
-                                                      "scholar", "academic", "imdb", "yelp"])
+    silos: list[str] = Field(default_factory=lambda: list(TASK_SILOS["text2sql"]))
     max_train: int = Field(0, ge=0, description="cap on train examples per silo (0 = all)")
     max_eval: int = Field(0, ge=0, description="cap on dev/test examples per silo (0 = all)")
     max_source_length: int = Field(256, gt=0)
     max_target_length: int = Field(128, gt=0)
     eval_batch_size: int = Field(32, gt=0)
     exec_accuracy: bool = True
+
+    @field_validator("silos")
+    @classmethod
+    def _known_silos(cls, v: list[str], info) -> list[str]:
+        known = TASK_SILOS[info.data.get("name", "text2sql")]
+        unknown = [s for s in v if s not in known]
+        if unknown:
+            raise ValueError(f"unknown silo {unknown[0]!r}; choose from {', '.join(known)}")
+        if not v or len(set(v)) != len(v):
+            raise ValueError("silos must be a non-empty list without repeats")
+        return v
 
 
 class ModelConfig(Strict):
@@ -131,9 +145,10 @@ class RunConfig(Strict):
 
     @model_validator(mode="after")
     def _overrides_name_silos(self) -> "RunConfig":
-        unknown = sorted(set(self.clients) - set(self.task.silos))
+        # Overrides may name silos left out of task.silos (one file, several subsets), not unknown ones.
+        unknown = sorted(set(self.clients) - set(TASK_SILOS[self.task.name]))
         if unknown:
-            raise ValueError(f"[clients.{unknown[0]}] names no silo in task.silos {self.task.silos}")
+            raise ValueError(f"[clients.{unknown[0]}] names no {self.task.name} silo")
         return self
 
     def client_config(self, silo: str) -> ClientConfig:

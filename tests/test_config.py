@@ -16,6 +16,15 @@ def test_per_silo_overrides_keep_other_defaults():
 def test_override_for_unknown_silo_is_named():
     with pytest.raises(ConfigError, match="clients.atlantis"):
         validate({"clients": {"atlantis": {"epochs": 1}}})
+    # an override for a real silo left out of this run's subset is fine
+    assert validate({"task": {"silos": ["yelp"]}, "clients": {"atis": {"epochs": 6}}}).task.silos == ["yelp"]
+
+
+def test_unknown_or_repeated_silo_is_named():
+    with pytest.raises(ConfigError, match="task.silos.*'atlantis'"):
+        validate({"task": {"silos": ["yelp", "atlantis"]}})
+    with pytest.raises(ConfigError, match="repeats"):
+        validate({"task": {"silos": ["yelp", "yelp"]}})
 
 
 def test_set_parses_toml_values():

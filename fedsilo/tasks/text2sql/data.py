@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedsilo.datafetch import DataError
+from fedsilo.config import TASK_SILOS
 
 __all__ = [
     "SILOS", "DISPLAY", "SPLITS", "DataError", "Example", "substitute",
     "serialize_schema", "normalise_text", "normalise_sql", "load_silo",
 ]
 
-SILOS = ("advising", "atis", "geography", "restaurants", "scholar", "academic", "imdb", "yelp")
+SILOS = TASK_SILOS["text2sql"]
 DISPLAY = {
     "advising": "Advising", "atis": "ATIS", "geography": "GeoQuery", "restaurants": "Restaurants",
     "scholar": "Scholar", "academic": "Academic", "imdb": "IMDB", "yelp": "Yelp",
