@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedsilo.datafetch import DataError
 from fedsilo.config import TASK_SILOS
+from fedsilo.datafetch import DataError
 
 __all__ = [
     "SILOS", "DISPLAY", "SPLITS", "DataError", "Example", "substitute",
