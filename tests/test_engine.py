@@ -135,9 +135,8 @@ def test_progress_shows_each_client_steps_and_round_log(tmp_path, data_dir):
 
     buffer = io.StringIO()
     cfg = validate(tiny_config(data_dir, federation={"rounds": 1}))
-    task, model = runner.build_task(cfg)
     with Recording(console=Console(file=buffer, width=120)) as progress:
-        runner.run_federation(cfg, runner.RunDir(tmp_path / "run"), task, model, progress=progress)
+        runner.run_local(cfg, runner.RunDir(tmp_path / "run"), progress=progress)
     assert "round 1/1 done" in buffer.getvalue() and "dev EM" in buffer.getvalue()
     training = {d: (total, done) for d, total, done in progress.bars if d.startswith("round")}
     assert training == {"round 1 · restaurants": (3, 3), "round 1 · academic": (3, 3), "round 1 · yelp": (6, 6)}

@@ -2,17 +2,13 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from fedsilo.client.silo import SiloClient
 from fedsilo.config import RunConfig
-from fedsilo.core.exchange import ExchangePlan
 from fedsilo.core.server_opt import ServerOptimizer
-from fedsilo.core.tensors import clone
-from fedsilo.engines import local
+from fedsilo.engines.local import LocalEngine, exchange_plan
 from fedsilo.progress import Progress
 from fedsilo.server import Server, sample_clients
 
@@ -33,16 +29,8 @@ def _pooled_loss(per_silo: dict[str, dict]) -> float:
     return sum(r["loss"] * r["n"] for r in per_silo.values()) / n if n else float("nan")
 
 
-@dataclass
-class Member:
-    """A participant: a name, its training examples and its hyper-parameters."""
-    name: str
-    examples: list
-    cfg: object
-
-
 def build_task(cfg: RunConfig):
-    """(task, model, tokenizer) for the config; data is verified (and fetched) first."""
+    """(task, model) for the config; data is verified (and fetched) first."""
     from fedsilo.datafetch import default_data_root, ensure
     from fedsilo.models.seq2seq import build_seq2seq
     from fedsilo.tasks.text2sql.task import Text2SQLTask
@@ -52,60 +40,24 @@ def build_task(cfg: RunConfig):
     return Text2SQLTask(cfg.task, tokenizer, data_dir), model
 
 
-def _members(cfg: RunConfig, task) -> list[Member]:
-    if cfg.paradigm == "centralized":
-        pooled = [e for s in task.silos for e in task.examples(s, "train")]
-        return [Member("pooled", pooled, cfg.client)]
-    return [Member(s, task.examples(s, "train"), cfg.client_config(s)) for s in task.silos]
-
-
-def _load_global(model: torch.nn.Module, server: Server, private: dict | None = None) -> None:
+def build_server(cfg: RunConfig, model: torch.nn.Module) -> Server:
+    """The server over the model's shared tensors, as the config's exchange plan splits them."""
     params = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, t in list(server.params.items()) + list((private or {}).items()):
-            params[name].copy_(t)
+    shared, _ = exchange_plan(cfg).split(params)
+    opt = ServerOptimizer(cfg.server.optimizer, cfg.server.effective_lr, cfg.server.momentum,
+                          cfg.server.beta1, cfg.server.beta2, cfg.server.tau)
+    return Server({k: params[k].detach() for k in shared}, opt, cfg.federation.weighting)
 
 
-def _evaluate(task, model, server: Server, clients: dict[str, SiloClient], split: str,
-              progress: Progress | None, with_exec: bool = False) -> dict:
-    """The global model (plus each silo's private tensors, if any) on every silo's `split`."""
-    total = sum(len(task.examples(s, split)) for s in task.silos)
-    if progress:
-        progress.begin(f"evaluating on {split}", total)
-    personal = any(c.private for c in clients.values())
-    if not personal:
-        _load_global(model, server)
-        return task.evaluate(model, split, progress=progress, with_exec=with_exec)
-    parts = []
-    for silo in task.silos:
-        _load_global(model, server, clients[silo].private if silo in clients else None)
-        parts.append(task.evaluate(model, split, [silo], progress=progress, with_exec=with_exec))
-    return combine({s: row for p in parts for s, row in p["per_silo"].items()})
-
-
-def run_federation(cfg: RunConfig, run: RunDir, task, model, resume: bool = False,
+def run_federation(cfg: RunConfig, run: RunDir, engine, server: Server, resume: bool = False,
                    progress: Progress | None = None) -> dict:
-    """Rounds on the in-process engine with model selection on the merged dev set."""
-    members = _members(cfg, task)
-    plan = ExchangePlan(tuple(cfg.exchange.shared), tuple(cfg.exchange.private), cfg.exchange.select)
-    names = [n for n, _ in model.named_parameters()]
-    shared_names, private_names = plan.split(names)
-    params = dict(model.named_parameters())
-    server = Server({k: params[k].detach() for k in shared_names},
-                    ServerOptimizer(cfg.server.optimizer, cfg.server.effective_lr, cfg.server.momentum,
-                                    cfg.server.beta1, cfg.server.beta2, cfg.server.tau),
-                    cfg.federation.weighting)
-    private_init = {k: params[k].detach() for k in private_names}
-    clients = {m.name: SiloClient(m.name, i, m.examples, task.collate, m.cfg, model, plan, private_init)
-               for i, m in enumerate(members)}
-
+    """Rounds on any engine, model selection on the merged dev set, test of the selected model."""
     run.prepare(cfg, resume)
     start, best = 1, None
     state = run.load(run.checkpoint) if resume else None
     if state is not None:
         server.load_state_dict(state["server"])
-        for name, c in clients.items():
-            c.load_state_dict(state["clients"][name])
+        engine.load_state_dict(state["clients"])
         start, best = state["round"] + 1, state["best"]
         run.truncate_rounds(state["round"])
     elif resume:
@@ -113,20 +65,19 @@ def run_federation(cfg: RunConfig, run: RunDir, task, model, resume: bool = Fals
 
     rounds = cfg.federation.rounds
     for r in range(start, rounds + 1):
-        sampled = sample_clients(list(clients), r, cfg.seed, cfg.federation.sample_fraction,
+        sampled = sample_clients(engine.client_names, r, cfg.seed, cfg.federation.sample_fraction,
                                  cfg.federation.sample_count)
-        record = local.run_round(server, clients, sampled, r, cfg.seed, progress)
+        record = engine.train_round(server, sampled, r, progress)
         record["dev"] = None
         if r % cfg.federation.eval_every == 0 or r == rounds:
             t0 = time.perf_counter()
-            dev = _evaluate(task, model, server, clients, "dev", progress)
+            dev = combine(engine.evaluate(server, "dev", progress))
             dev["loss"] = _pooled_loss(dev["per_silo"])
             dev["score"] = dev["micro"]
             key = [dev["score"], -dev["loss"]]
             if best is None or key > best["key"]:
                 best = {"key": key, "round": r, "score": dev["score"]}
-                run.save(run.best, {"round": r, "server": server.state_dict(),
-                                    "clients": {n: c.state_dict() for n, c in clients.items()}})
+                run.save(run.best, {"round": r, "server": server.state_dict(), "clients": engine.state_dict()})
             record["dev"] = dev
             record["eval_seconds"] = time.perf_counter() - t0
         if progress:
@@ -134,19 +85,24 @@ def run_federation(cfg: RunConfig, run: RunDir, task, model, resume: bool = Fals
             progress.log(f"round {r}/{rounds} done in {record['seconds']:.1f}s{dev_txt}")
         run.append_round(record)
         run.save(run.checkpoint, {"round": r, "best": best, "server": server.state_dict(),
-                                  "clients": {n: c.state_dict() for n, c in clients.items()}})
+                                  "clients": engine.state_dict()})
 
     best_state = run.load(run.best)
     if best_state is None:
         raise RunDirError(f"{run.path}: no best.pt; the run has no evaluated round")
     server.load_state_dict(best_state["server"])
-    for name, c in clients.items():
-        c.load_state_dict(best_state["clients"][name])
-    test = _evaluate(task, model, server, clients, "test", progress, with_exec=True)
+    engine.load_state_dict(best_state["clients"])
+    test = combine(engine.evaluate(server, "test", progress, with_exec=True))
     results = {"paradigm": cfg.paradigm, "name": cfg.name, "best_round": best_state["round"],
                "best_dev": best["score"], "test": test}
     run.write_results(results)
     return results
+
+
+def run_local(cfg: RunConfig, run: RunDir, resume: bool = False, progress: Progress | None = None) -> dict:
+    """One federation (or pooled/single-silo run) on the in-process engine."""
+    task, model = build_task(cfg)
+    return run_federation(cfg, run, LocalEngine(cfg, task, model), build_server(cfg, model), resume, progress)
 
 
 def run_experiment(cfg: RunConfig, out: str | Path, resume: bool = False, show_progress: bool = True) -> dict:
@@ -154,8 +110,7 @@ def run_experiment(cfg: RunConfig, out: str | Path, resume: bool = False, show_p
     out = Path(out)
     with Progress(enabled=show_progress) as progress:
         if cfg.paradigm != "finetune":
-            task, model = build_task(cfg)
-            return run_federation(cfg, RunDir(out), task, model, resume, progress)
+            return run_local(cfg, RunDir(out), resume, progress)
         top = RunDir(out)
         top.prepare(cfg, resume)
         parts = {}
@@ -172,8 +127,7 @@ def run_experiment(cfg: RunConfig, out: str | Path, resume: bool = False, show_p
             done = sub_run.read_results() if resume else None
             if done is None:
                 progress.log(f"finetuning {silo} alone")
-                task, model = build_task(sub)
-                done = run_federation(sub, sub_run, task, model, resume and sub_run.config.exists(), progress)
+                done = run_local(sub, sub_run, resume and sub_run.config.exists(), progress)
             parts[silo] = done["test"]["per_silo"][silo]
         results = {"paradigm": "finetune", "name": cfg.name, "best_round": None, "best_dev": None,
                    "test": combine(parts)}
