@@ -130,6 +130,14 @@ class ExchangeConfig(Strict):
     select: str | None = None
 
 
+class FlowerConfig(Strict):
+    """Only for the Flower engines; the in-process engine ignores it."""
+    connect_timeout: float = Field(300.0, gt=0, description="seconds to wait for every silo's SuperNode")
+    round_timeout: float | None = Field(None, gt=0, description="seconds to wait for replies (None: forever)")
+    retries: int = Field(0, ge=0, description="re-sends to silos that did not answer within a round")
+    num_cpus: float = Field(1.0, gt=0, description="CPUs per ClientApp in simulation")
+
+
 class RunConfig(Strict):
     name: str = "run"
     seed: int = 0
@@ -142,6 +150,7 @@ class RunConfig(Strict):
     federation: FederationConfig = FederationConfig()
     server: ServerConfig = ServerConfig()
     exchange: ExchangeConfig = ExchangeConfig()
+    flower: FlowerConfig = FlowerConfig()
 
     @model_validator(mode="after")
     def _overrides_name_silos(self) -> "RunConfig":

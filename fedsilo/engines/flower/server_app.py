@@ -1,0 +1,167 @@
+"""The Flower ServerApp: fedsilo's runner and Server, with Flower carrying the messages.
+
+The server process never opens client data: it builds the model only for its initial weights, and
+learns each silo's name and size from the silos themselves (a `describe` query).
+"""
+from __future__ import annotations
+
+import time
+import tomllib
+from pathlib import Path
+
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.serverapp import Grid, ServerApp
+
+from fedsilo.config import ConfigError, RunConfig, load_config, to_toml, validate
+from fedsilo.progress import Progress
+from fedsilo.server import Server
+
+from .codec import carried_bytes, content_to_update, metrics_to_eval_row, to_arrays
+
+
+class FlowerEngine:
+    """train_round / evaluate over a Flower Grid (simulation or deployment alike)."""
+
+    def __init__(self, grid: Grid, cfg: RunConfig, run_key: str) -> None:
+        if cfg.paradigm != "federated":
+            raise ConfigError(f"paradigm {cfg.paradigm!r} runs on the in-process engine only")
+        self.grid, self.cfg, self.run_key = grid, cfg, run_key
+        self.config_text = to_toml(cfg)
+        self.nodes = self._discover()
+
+    def _config(self, **extra) -> ConfigRecord:
+        return ConfigRecord({"config": self.config_text, "run-key": self.run_key, **extra})
+
+    def _discover(self) -> dict[str, int]:
+        """silo name → node id, asking every connected SuperNode which silo it holds."""
+        want, deadline = len(self.cfg.task.silos), time.monotonic() + self.cfg.flower.connect_timeout
+        while len(node_ids := list(self.grid.get_node_ids())) < want:
+            if time.monotonic() > deadline:
+                raise ConfigError(f"only {len(node_ids)} of {want} SuperNodes connected within "
+                                  f"{self.cfg.flower.connect_timeout}s")
+            time.sleep(0.5)
+        msgs = [Message(RecordDict({"config": self._config()}), dst_node_id=n, message_type="query.describe")
+                for n in node_ids]
+        nodes = {}
+        for reply in self.grid.send_and_receive(msgs, timeout=self.cfg.flower.connect_timeout):
+            if reply.has_error():
+                raise ConfigError(f"SuperNode {reply.metadata.src_node_id} failed to start: {reply.error.reason}")
+            nodes[str(reply.content["silo"]["name"])] = reply.metadata.src_node_id
+        missing = [s for s in self.cfg.task.silos if s not in nodes]
+        if missing:
+            raise ConfigError(f"no SuperNode holds silo(s) {missing}")
+        return nodes
+
+    @property
+    def client_names(self) -> list[str]:
+        return list(self.cfg.task.silos)
+
+    def _exchange(self, silos: list[str], message_type: str, content: RecordDict, group: str):
+        """Send to the silos' nodes (with retries); returns ({silo: reply}, {silo: why missing})."""
+        replies, missing = {}, {}
+        pending = list(silos)
+        for _ in range(1 + self.cfg.flower.retries):
+            msgs = [Message(content, dst_node_id=self.nodes[s], message_type=message_type, group_id=group)
+                    for s in pending]
+            by_node = {self.nodes[s]: s for s in pending}
+            for reply in self.grid.send_and_receive(msgs, timeout=self.cfg.flower.round_timeout):
+                silo = by_node[reply.metadata.src_node_id]
+                if reply.has_error():
+                    missing[silo] = f"error: {reply.error.reason}"
+                else:
+                    replies[silo] = reply
+                    missing.pop(silo, None)
+            pending = [s for s in pending if s not in replies]
+            for s in pending:
+                missing.setdefault(s, "no reply (timed out or node lost)")
+            if not pending:
+                break
+        return replies, missing
+
+    def train_round(self, server: Server, sampled: list[str], round_idx: int, progress: Progress | None) -> dict:
+        start = time.perf_counter()
+        server.begin_round()
+        arrays = to_arrays(server.payload())
+        content = RecordDict({"arrays": arrays, "config": self._config(round=round_idx)})
+        if progress:
+            progress.begin(f"round {round_idx} · {len(sampled)} silos over Flower", len(sampled))
+        replies, missing = self._exchange(sampled, "train", content, str(round_idx))
+        flower_bytes = {}
+        for silo in sampled:
+            if silo in replies:
+                reply = replies[silo].content
+                reason = server.receive(silo, content_to_update(reply))
+                flower_bytes[silo] = (carried_bytes(reply["arrays"]), carried_bytes(arrays))
+                if reason and progress:
+                    progress.log(f"[yellow]round {round_idx}: rejected {silo}: {reason}")
+            if progress:
+                progress.advance()
+        self.state_round = round_idx
+        record = server.end_round()
+        for silo, (up, down) in flower_bytes.items():
+            record["clients"][silo].update(flower_bytes_up=up, flower_bytes_down=down)
+        record.update(round=round_idx, sampled=sampled, missing=sorted(missing),
+                      missing_reasons=missing)
+        record["bytes_up"] = sum(c["bytes_up"] for c in record["clients"].values())
+        record["bytes_down"] = sum(c["bytes_down"] for c in record["clients"].values())
+        record["seconds"] = time.perf_counter() - start
+        if missing and progress:
+            progress.log(f"[yellow]round {round_idx}: no update from {', '.join(sorted(missing))}")
+        return record
+
+    def evaluate(self, server: Server, split: str, progress: Progress | None, with_exec: bool = False) -> dict:
+        content = RecordDict({"arrays": to_arrays(server.payload()),
+                              "config": self._config(split=split, **{"with-exec": with_exec,
+                                                                     "state-round": self.state_round})})
+        replies, missing = self._exchange(self.client_names, "evaluate", content, f"eval-{split}")
+        if missing:
+            raise RuntimeError(f"evaluation on {split} failed for {sorted(missing)}: {missing}")
+        return {s: metrics_to_eval_row(replies[s].content["metrics"]) for s in self.client_names}
+
+    # Client state lives on the silos' disks, one file per round; the server only remembers which
+    # round's state an evaluation should use (the latest, or the selected round's for the test).
+    state_round = 0
+
+    def state_dict(self) -> dict:
+        return {"state_round": self.state_round}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.state_round = int(state["state_round"])
+
+
+def serve(grid: Grid, cfg: RunConfig, out: Path, resume: bool, show_progress: bool = True) -> dict:
+    """The whole run (rounds, selection, test, report) with Flower carrying the messages."""
+    from fedsilo.models.seq2seq import build_seq2seq
+    from fedsilo.runs.report import write_report
+    from fedsilo.runs.rundir import RunDir
+    from fedsilo.runs.runner import build_server, run_federation
+
+    model, _ = build_seq2seq(cfg.model, seed=cfg.seed)
+    engine = FlowerEngine(grid, cfg, run_key=Path(out).resolve().name)
+    with Progress(enabled=show_progress) as progress:
+        results = run_federation(cfg, RunDir(out), engine, build_server(cfg, model), resume, progress)
+    write_report(out)
+    return results
+
+
+def make_server_app(cfg: RunConfig, out: Path, resume: bool = False, show_progress: bool = True) -> ServerApp:
+    """A ServerApp bound to one fedsilo config (simulation from Python, `fedsilo run --engine flower-sim`)."""
+    server_app = ServerApp()
+
+    @server_app.main()
+    def main(grid: Grid, context: Context) -> None:
+        serve(grid, cfg, out, resume, show_progress)
+
+    return server_app
+
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """For `flwr run` / deployment: run config keys `config` (TOML path), `out`, `resume`, `set`."""
+    rc = context.run_config
+    cfg = load_config(str(rc["config"]), [s for s in str(rc.get("set", "")).split(";") if s])
+    out = Path(str(rc.get("out") or Path(cfg.out_dir) / cfg.name))
+    serve(grid, cfg, out, bool(rc.get("resume", False)), show_progress=False)
