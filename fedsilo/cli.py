@@ -14,7 +14,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.set or [])
     out = Path(args.out) if args.out else Path(cfg.out_dir) / cfg.name
-    results = run_experiment(cfg, out, resume=args.resume, show_progress=not args.no_progress)
+    if args.engine == "flower-sim":
+        from fedsilo.engines.flower.simulation import run_simulation
+        results = run_simulation(cfg, out, resume=args.resume, show_progress=not args.no_progress)
+    else:
+        results = run_experiment(cfg, out, resume=args.resume, show_progress=not args.no_progress)
     print_results(results)
     report = write_report(out)
     print(f"run directory: {out}\nreport: {report}")
@@ -51,6 +55,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--out", help="run directory (default: OUT_DIR/NAME from the config)")
     r.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     r.add_argument("--no-progress", action="store_true", help="no progress bars (logs, CI)")
+    r.add_argument("--engine", choices=["local", "flower-sim"], default="local",
+                   help="local: in-process (default); flower-sim: Flower's simulation engine, one virtual "
+                        "SuperNode per silo (deployment: see docs/flower.md)")
     r.set_defaults(func=_cmd_run)
     rep = sub.add_parser("report", help="(re)write report.md and plots of a run directory")
     rep.add_argument("run_dir")

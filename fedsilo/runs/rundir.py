@@ -63,6 +63,14 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(self.config, to_toml(cfg).encode())
 
+    def run_id(self) -> str:
+        """A unique id for this run (kept across resumes): names the silos' state on their disks."""
+        path = self.path / "run_id"
+        if not path.exists():
+            import uuid
+            atomic_write_bytes(path, uuid.uuid4().hex.encode())
+        return path.read_text().strip()
+
     def append_round(self, record: dict) -> None:
         with open(self.rounds, "a") as fh:
             fh.write(json.dumps(record) + "\n")

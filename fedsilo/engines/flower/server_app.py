@@ -114,9 +114,11 @@ class FlowerEngine:
                               "config": self._config(split=split, **{"with-exec": with_exec,
                                                                      "state-round": self.state_round})})
         replies, missing = self._exchange(self.client_names, "evaluate", content, f"eval-{split}")
-        if missing:
-            raise RuntimeError(f"evaluation on {split} failed for {sorted(missing)}: {missing}")
-        return {s: metrics_to_eval_row(replies[s].content["metrics"]) for s in self.client_names}
+        if not replies:
+            raise RuntimeError(f"no silo answered the {split} evaluation: {missing}")
+        if missing and progress:
+            progress.log(f"[yellow]{split} evaluation without {', '.join(sorted(missing))}")
+        return {s: metrics_to_eval_row(replies[s].content["metrics"]) for s in self.client_names if s in replies}
 
     # Client state lives on the silos' disks, one file per round; the server only remembers which
     # round's state an evaluation should use (the latest, or the selected round's for the test).
@@ -136,10 +138,12 @@ def serve(grid: Grid, cfg: RunConfig, out: Path, resume: bool, show_progress: bo
     from fedsilo.runs.rundir import RunDir
     from fedsilo.runs.runner import build_server, run_federation
 
+    run = RunDir(out)
+    run.prepare(cfg, resume)  # fails before any silo is contacted if the run dir is unusable
     model, _ = build_seq2seq(cfg.model, seed=cfg.seed)
-    engine = FlowerEngine(grid, cfg, run_key=Path(out).resolve().name)
+    engine = FlowerEngine(grid, cfg, run_key=run.run_id())
     with Progress(enabled=show_progress) as progress:
-        results = run_federation(cfg, RunDir(out), engine, build_server(cfg, model), resume, progress)
+        results = run_federation(cfg, run, engine, build_server(cfg, model), resume, progress)
     write_report(out)
     return results
 
