@@ -63,17 +63,25 @@ class FlowerEngine:
         for _ in range(1 + self.cfg.flower.retries):
             msgs = [Message(content, dst_node_id=self.nodes[s], message_type=message_type, group_id=group)
                     for s in pending]
-            by_node = {self.nodes[s]: s for s in pending}
-            for reply in self.grid.send_and_receive(msgs, timeout=self.cfg.flower.round_timeout):
-                silo = by_node[reply.metadata.src_node_id]
-                if reply.has_error():
-                    missing[silo] = f"error: {reply.error.reason}"
-                else:
-                    replies[silo] = reply
-                    missing.pop(silo, None)
+            # Replies are matched by message id: for a lost node the SuperLink itself answers with an error.
+            waiting = dict(zip(self.grid.push_messages(msgs), pending))
+            timeout = self.cfg.flower.round_timeout
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while waiting and (deadline is None or time.monotonic() < deadline):
+                for reply in self.grid.pull_messages(list(waiting)):
+                    silo = waiting.pop(reply.metadata.reply_to_message_id, None)
+                    if silo is None:
+                        continue
+                    if reply.has_error():
+                        missing[silo] = f"error: {reply.error.reason}"
+                    else:
+                        replies[silo] = reply
+                        missing.pop(silo, None)
+                if waiting:
+                    time.sleep(0.1)
+            for silo in waiting.values():
+                missing.setdefault(silo, f"no reply within {timeout}s")
             pending = [s for s in pending if s not in replies]
-            for s in pending:
-                missing.setdefault(s, "no reply (timed out or node lost)")
             if not pending:
                 break
         return replies, missing
