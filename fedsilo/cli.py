@@ -25,6 +25,29 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_deploy(args: argparse.Namespace) -> int:
+    """A real Flower deployment on 127.0.0.1: SuperLink + one SuperNode per silo, then clean up."""
+    from fedsilo.config import load_config, to_toml
+    from fedsilo.datafetch import default_data_root, ensure
+    from fedsilo.engines.flower.deploy import LocalDeployment, split_silo_data
+    from fedsilo.runs.report import print_results, read_results, write_report
+
+    cfg = load_config(args.config, args.set or [])
+    out = Path(args.out) if args.out else Path(cfg.out_dir) / cfg.name
+    work = Path(args.workdir) if args.workdir else out.with_name(out.name + "-flower")
+    data = Path(cfg.task.data_dir) if cfg.task.data_dir else ensure("text2sql", default_data_root() / "text2sql")
+    silos = split_silo_data(data, cfg.task.silos, work / "silo-data")
+    work.mkdir(parents=True, exist_ok=True)
+    config = work / "config.toml"
+    config.write_text(to_toml(cfg))
+    print(f"starting a SuperLink and {len(silos)} SuperNodes on 127.0.0.1 (logs in {work})")
+    with LocalDeployment(work / "processes", silos) as dep:
+        dep.run(config, out, resume=args.resume)
+    print_results(read_results(out))
+    print(f"run directory: {out}\nreport: {write_report(out)}")
+    return 0
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from fedsilo.runs.report import print_results, read_results, write_report
 
@@ -59,6 +82,14 @@ def parser() -> argparse.ArgumentParser:
                    help="local: in-process (default); flower-sim: Flower's simulation engine, one virtual "
                         "SuperNode per silo (deployment: see docs/flower.md)")
     r.set_defaults(func=_cmd_run)
+    dep = sub.add_parser("deploy", help="run a config on a real Flower deployment on this machine "
+                                        "(SuperLink + one SuperNode per silo); everything is stopped after")
+    dep.add_argument("config")
+    dep.add_argument("--set", action="append", metavar="KEY=VALUE")
+    dep.add_argument("--out", help="run directory (default: OUT_DIR/NAME from the config)")
+    dep.add_argument("--resume", action="store_true")
+    dep.add_argument("--workdir", help="per-silo data copies, Flower state and logs (default: OUT-flower)")
+    dep.set_defaults(func=_cmd_deploy)
     rep = sub.add_parser("report", help="(re)write report.md and plots of a run directory")
     rep.add_argument("run_dir")
     rep.set_defaults(func=_cmd_report)

@@ -107,3 +107,17 @@ def test_rejected_update_is_logged_and_not_aggregated():
     assert record["clients"]["c0"]["weight"] == 1.0
     assert torch.isfinite(server.params["enc.weight"]).all()
     assert not torch.equal(server.params["enc.weight"], before["enc.weight"])
+
+
+def test_wrong_shape_or_unknown_tensor_is_rejected_with_reason():
+    from fedsilo.server import ClientUpdate
+
+    model, server, clients = federation(ExchangePlan())
+    server.begin_round()
+    bad_shape = ClientUpdate({"enc.weight": torch.zeros(2, 2)}, n_examples=3, delta_loss=1.0, mean_loss=1.0)
+    assert "shape" in server.receive("c0", bad_shape)
+    unknown = ClientUpdate({"nope": torch.zeros(1)}, n_examples=3, delta_loss=1.0, mean_loss=1.0)
+    assert "unknown tensor" in server.receive("c1", unknown)
+    record = server.end_round()
+    assert record["clients"]["c0"]["rejected"].startswith("tensor 'enc.weight'")
+    assert all(c["weight"] is None for c in record["clients"].values())
