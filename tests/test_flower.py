@@ -135,3 +135,13 @@ def test_a_supernode_killed_mid_run_is_recorded_missing(tmp_path, data_dir):
     assert sum(c["weight"] for c in rounds[2]["clients"].values()) == pytest.approx(1.0)
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert set(results["test"]["per_silo"]) == {"restaurants", "academic"}
+
+
+def test_flower_resume_equals_uninterrupted(tmp_path, data_dir, local_run):
+    from fedsilo.engines.flower.simulation import run_simulation
+
+    out = tmp_path / "sim"
+    run_simulation(validate(tiny_config(data_dir, federation={"rounds": 1})), out, show_progress=False)
+    assert len(rounds_of(out)) == 1
+    run_simulation(validate(tiny_config(data_dir)), out, resume=True, show_progress=False)
+    assert_same_run(local_run, out)
