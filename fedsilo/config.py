@@ -29,6 +29,8 @@ class TaskConfig(Strict):
     name: Literal["text2sql"] = "text2sql"
     data_dir: str | None = None  # None: fetch/verify into the data cache (see `fedsilo data`)
     silos: list[str] = Field(default_factory=lambda: list(TASK_SILOS["text2sql"]))
+    train_fraction: float = Field(1.0, gt=0, le=1, description="keep this share of each silo's train set")
+    min_train: int = Field(0, ge=0, description="but at least this many (a small-scale study keeps small silos)")
     max_train: int = Field(0, ge=0, description="cap on train examples per silo (0 = all)")
     max_eval: int = Field(0, ge=0, description="cap on dev/test examples per silo (0 = all)")
     max_source_length: int = Field(256, gt=0)

@@ -63,3 +63,12 @@ def test_client_sampling_is_seeded_and_sized():
     assert len(sample_clients(clients, 3, seed=0, fraction=0.5)) == 4
     draws = {tuple(sample_clients(clients, r, seed=0, count=2)) for r in range(1, 20)}
     assert len(draws) > 3  # rounds draw different clients
+
+
+def test_train_size_keeps_ratios_within_floor_and_cap():
+    from fedsilo.tasks.text2sql.task import train_size
+
+    task = validate({"task": {"train_fraction": 0.05, "min_train": 16, "max_train": 96}}).task
+    sizes = {n: train_size(n, task) for n in (4347, 2629, 549, 499, 228, 120, 79, 78, 10)}
+    assert sizes == {4347: 96, 2629: 96, 549: 28, 499: 25, 228: 16, 120: 16, 79: 16, 78: 16, 10: 10}
+    assert train_size(500, validate({}).task) == 500

@@ -1,6 +1,7 @@
 """Text-to-SQL as a fedsilo task: silos, encoding, decoding and metrics. Knows nothing of federation."""
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +23,17 @@ def _cap(examples: list[Example], n: int, key: str) -> list[Example]:
     return [examples[i] for i in sorted(picked)]
 
 
+def train_size(n: int, cfg: TaskConfig) -> int:
+    """Subsampled train size: a share of the silo, kept within [min_train, max_train] (0 = no cap).
+
+    A share keeps the silos' size ratios (what size-based weights see); the floor keeps the small
+    silos trainable at small scale."""
+    k = max(math.ceil(cfg.train_fraction * n), cfg.min_train)
+    if cfg.max_train:
+        k = min(k, cfg.max_train)
+    return min(k, n)
+
+
 class Text2SQLTask:
     display = DISPLAY
 
@@ -34,7 +46,7 @@ class Text2SQLTask:
         for silo in cfg.silos:
             raw = load_silo(self.data_dir, silo)
             self.splits[silo] = {
-                "train": _cap(raw["train"], cfg.max_train, f"{silo}/train"),
+                "train": _cap(raw["train"], train_size(len(raw["train"]), cfg), f"{silo}/train"),
                 "dev": _cap(raw["dev"], cfg.max_eval, f"{silo}/dev"),
                 "test": _cap(raw["test"], cfg.max_eval, f"{silo}/test"),
             }
