@@ -1,0 +1,121 @@
+"""Flower simulation and deployment vs the in-process engine, on the same workload.
+
+Each engine runs the same config in a fresh child process; the parent samples the resident memory
+of the child's whole process tree (Ray workers, SuperLink, SuperNodes, Flower's ServerApp/ClientApp
+subprocesses) every 0.2 s. Reported per engine: wall time, mean round time (from rounds.jsonl),
+time outside rounds (start-up, evaluation, teardown), peak memory of the tree — and ratios to
+in-process.
+
+    python bench/flower_engines.py [--rounds 3] [--max-train 32]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ENGINES = ("local", "flower-sim", "flower-deploy")
+
+
+def child(engine: str, out: Path, rounds: int, max_train: int) -> None:
+    from fedsilo.config import to_toml, validate
+    from fedsilo.datafetch import default_data_root, ensure
+
+    data = ensure("text2sql", default_data_root() / "text2sql", progress=False)
+    cfg = validate({"name": engine, "task": {"silos": ["geography", "restaurants", "academic"], "data_dir": str(data),
+                                             "max_train": max_train, "max_eval": 16, "max_source_length": 96,
+                                             "max_target_length": 64},
+                    "federation": {"rounds": rounds, "eval_every": rounds, "weighting": "lorar"},
+                    "server": {"optimizer": "sgdm"}})
+    if engine == "local":
+        from fedsilo.runs.runner import run_experiment
+        run_experiment(cfg, out, show_progress=False)
+    elif engine == "flower-sim":
+        from fedsilo.engines.flower.simulation import run_simulation
+        run_simulation(cfg, out, show_progress=False)
+    else:
+        from fedsilo.engines.flower.deploy import LocalDeployment, split_silo_data
+        work = out.parent / "deploy"
+        config = out.parent / "exp.toml"
+        config.write_text(to_toml(cfg))
+        with LocalDeployment(work, split_silo_data(data, cfg.task.silos, work / "silos")) as dep:
+            dep.run(config, out)
+
+
+def tree_rss(root: int) -> int:
+    """Resident bytes of `root` and all its descendants."""
+    parents: dict[int, int] = {}
+    rss: dict[int, int] = {}
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            stat = (p / "stat").read_text()
+            parents[int(p.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+            for line in (p / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    rss[int(p.name)] = int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            continue
+    members, frontier = {root}, [root]
+    while frontier:
+        frontier = [pid for pid, ppid in parents.items() if ppid in frontier and pid not in members]
+        members.update(frontier)
+    return sum(rss.get(pid, 0) for pid in members)
+
+
+def measure(engine: str, args) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run"
+        start = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, __file__, "--child", engine, "--out", str(out),
+                                 "--rounds", str(args.rounds), "--max-train", str(args.max_train)],
+                                env={**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "OMP_NUM_THREADS": "1"},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        peak = [0]
+
+        def sample() -> None:
+            while proc.poll() is None:
+                peak[0] = max(peak[0], tree_rss(proc.pid))
+                time.sleep(0.2)
+
+        t = threading.Thread(target=sample)
+        t.start()
+        proc.wait()
+        t.join()
+        wall = time.perf_counter() - start
+        if proc.returncode != 0:
+            raise RuntimeError(f"{engine} failed (exit {proc.returncode})")
+        rounds = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+        in_rounds = sum(r["seconds"] for r in rounds)
+        return {"wall": wall, "round": in_rounds / len(rounds), "outside": wall - in_rounds, "peak_mb": peak[0] / 2**20}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--child", choices=ENGINES)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-train", type=int, default=32)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child, args.out, args.rounds, args.max_train)
+        return
+    res = {e: measure(e, args) for e in ENGINES}
+    base = res["local"]
+    print(f"workload: 3 silos x {args.max_train} examples, {args.rounds} rounds, tiny-t5, 1 torch thread per process")
+    print(f"{'engine':15s} {'wall s':>8s} {'round s':>8s} {'outside rounds s':>17s} {'peak MiB':>9s} "
+          f"{'round ratio':>11s} {'wall ratio':>10s} {'memory ratio':>12s}")
+    for e, r in res.items():
+        print(f"{e:15s} {r['wall']:8.1f} {r['round']:8.2f} {r['outside']:17.1f} {r['peak_mb']:9.0f} "
+              f"{r['round'] / base['round']:11.2f} {r['wall'] / base['wall']:10.2f} {r['peak_mb'] / base['peak_mb']:12.2f}")
+
+
+if __name__ == "__main__":
+    main()
