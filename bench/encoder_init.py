@@ -20,7 +20,8 @@ from fedsilo.runs.report import markdown_table
 from fedsilo.runs.runner import run_experiment
 
 MODELS = ["tiny-t5", "minilm2bert"]
-SCALE = ["task.silos=['geography', 'restaurants', 'scholar', 'yelp']", "task.max_train=48", "task.max_eval=16",
+SCALE = ["task.silos=['geography', 'restaurants', 'scholar', 'yelp']", "task.train_fraction=1.0",
+         "task.min_train=0", "task.max_train=48", "task.max_eval=16",
          "federation.rounds=4", "federation.eval_every=1", "federation.weighting=lorar",
          "server.optimizer=sgdm", "client.lr=1e-3"]
 
