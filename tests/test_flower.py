@@ -13,6 +13,15 @@ from tests.synth import tiny_config, write_silos
 os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
 
 
+# Each silo keeps its decoder feed-forward layer private (a FedPer-style split), so the Flower runs
+# also exercise private tensors kept on the silos' disks across rounds and used in evaluation.
+PRIVATE = {"exchange": {"private": ["decoder.block.*.layer.2.*"]}}
+
+
+def flower_config(data_dir, **sections):
+    return tiny_config(data_dir, **PRIVATE, **sections)
+
+
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     return write_silos(tmp_path_factory.mktemp("t2s"))
@@ -25,7 +34,7 @@ def local_run(tmp_path_factory, data_dir):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        run_experiment(validate(tiny_config(data_dir)), out, show_progress=False)
+        run_experiment(validate(flower_config(data_dir)), out, show_progress=False)
     finally:
         torch.set_num_threads(threads)
     return out
@@ -45,6 +54,7 @@ def assert_same_run(a, b):
             assert y["clients"][c]["bytes_up"] == x["clients"][c]["bytes_up"]
     pa = torch.load(a / "checkpoint.pt", weights_only=True)["server"]["params"]
     pb = torch.load(b / "checkpoint.pt", weights_only=True)["server"]["params"]
+    assert pa.keys() == pb.keys()
     for k in pa:
         torch.testing.assert_close(pb[k], pa[k], rtol=1e-6, atol=1e-7)
     ta = json.loads((a / "results.json").read_text())["test"]
@@ -59,7 +69,7 @@ def test_flower_simulation_matches_in_process(tmp_path, data_dir, local_run):
     from fedsilo.engines.flower.simulation import run_simulation
 
     out = tmp_path / "sim"
-    run_simulation(validate(tiny_config(data_dir)), out, show_progress=False)
+    run_simulation(validate(flower_config(data_dir)), out, show_progress=False)
     assert_same_run(local_run, out)
     for r in rounds_of(out):
         assert r["missing"] == []
@@ -87,7 +97,7 @@ def test_deployment_matches_in_process_and_carries_no_client_text(tmp_path, data
     from fedsilo.engines.flower.deploy import LocalDeployment, split_silo_data
     from tests.wiretap import Wiretap
 
-    cfg = validate(tiny_config(data_dir))
+    cfg = validate(flower_config(data_dir))
     config = tmp_path / "exp.toml"
     config.write_text(to_toml(cfg))
     silos = split_silo_data(data_dir, cfg.task.silos, tmp_path / "silos")
@@ -101,6 +111,17 @@ def test_deployment_matches_in_process_and_carries_no_client_text(tmp_path, data
     assert dep.pids() == []  # nothing left behind
 
     assert_same_run(local_run, tmp_path / "run")
+    # private tensors never reached the server; each silo kept its own on its disk, as in-process
+    local_clients = torch.load(local_run / "checkpoint.pt", weights_only=True)["clients"]
+    run_id = (tmp_path / "run" / "run_id").read_text()
+    server_params = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["server"]["params"]
+    assert not any(".layer.2." in k and k.startswith("decoder") for k in server_params)
+    for silo in cfg.task.silos:
+        on_disk = torch.load(tmp_path / "fl" / "state" / silo / run_id / "round-00002.pt", weights_only=True)
+        expected = local_clients[silo]["private"]
+        assert on_disk["private"].keys() == expected.keys() and len(expected) == 3  # wi, wo, layer norm
+        for k in expected:
+            torch.testing.assert_close(on_disk["private"][k], expected[k], rtol=1e-6, atol=1e-7)
     streams = tap.captured()
     assert sum(len(s) for s in streams) > 3 * 2 * 1_000_000  # the model went down and up
     assert any(b"delta_loss" in s for s in streams)  # the capture is readable (not compressed)
@@ -141,7 +162,7 @@ def test_flower_resume_equals_uninterrupted(tmp_path, data_dir, local_run):
     from fedsilo.engines.flower.simulation import run_simulation
 
     out = tmp_path / "sim"
-    run_simulation(validate(tiny_config(data_dir, federation={"rounds": 1})), out, show_progress=False)
+    run_simulation(validate(flower_config(data_dir, federation={"rounds": 1})), out, show_progress=False)
     assert len(rounds_of(out)) == 1
-    run_simulation(validate(tiny_config(data_dir)), out, resume=True, show_progress=False)
+    run_simulation(validate(flower_config(data_dir)), out, resume=True, show_progress=False)
     assert_same_run(local_run, out)
