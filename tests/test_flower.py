@@ -65,18 +65,22 @@ def assert_same_run(a, b):
         assert tb["per_silo"][s]["loss"] == pytest.approx(ta["per_silo"][s]["loss"], rel=1e-5)
 
 
+def assert_bytes_agree(run):
+    """The bytes Flower carried per round and client vs fedsilo's own count: within 5%."""
+    for r in rounds_of(run):
+        assert r["missing"] == []
+        for c in r["clients"].values():
+            assert abs(c["flower_bytes_up"] - c["bytes_up"]) <= 0.05 * c["bytes_up"]
+            assert abs(c["flower_bytes_down"] - c["bytes_down"]) <= 0.05 * c["bytes_down"]
+
+
 def test_flower_simulation_matches_in_process(tmp_path, data_dir, local_run):
     from fedsilo.engines.flower.simulation import run_simulation
 
     out = tmp_path / "sim"
     run_simulation(validate(flower_config(data_dir)), out, show_progress=False)
     assert_same_run(local_run, out)
-    for r in rounds_of(out):
-        assert r["missing"] == []
-        for c in r["clients"].values():
-            # the bytes Flower carried vs fedsilo's own count: within 5%
-            assert abs(c["flower_bytes_up"] - c["bytes_up"]) <= 0.05 * c["bytes_up"]
-            assert abs(c["flower_bytes_down"] - c["bytes_down"]) <= 0.05 * c["bytes_down"]
+    assert_bytes_agree(out)
 
 
 def _client_texts(data_dir, silos):
@@ -111,6 +115,7 @@ def test_deployment_matches_in_process_and_carries_no_client_text(tmp_path, data
     assert dep.pids() == []  # nothing left behind
 
     assert_same_run(local_run, tmp_path / "run")
+    assert_bytes_agree(tmp_path / "run")
     # private tensors never reached the server; each silo kept its own on its disk, as in-process
     local_clients = torch.load(local_run / "checkpoint.pt", weights_only=True)["clients"]
     run_id = (tmp_path / "run" / "run_id").read_text()
