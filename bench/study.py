@@ -64,7 +64,8 @@ def claims(results: dict[str, dict]) -> list[str]:
         loss_other = sum(l["per_silo"][s]["loss"] - b["per_silo"][s]["loss"] for s in others) / len(others)
         lines.append(
             f"- {base} → {lo}: MacroAvg {b['macro']:.2f} → {l['macro']:.2f} "
-            f"({'better' if l['macro'] > b['macro'] else 'not better'}); mean EM change on small silos "
+            f"({'better' if l['macro'] > b['macro'] else 'tie' if l['macro'] == b['macro'] else 'worse'}); "
+            f"mean EM change on small silos "
             f"{d_small:+.2f} vs other silos {d_other:+.2f}; mean test-loss change small {loss_small:+.3f} "
             f"vs other {loss_other:+.3f} (negative = better)")
     return lines
