@@ -142,3 +142,27 @@ def test_progress_shows_each_client_steps_and_round_log(tmp_path, data_dir):
     assert training == {"round 1 · restaurants": (3, 3), "round 1 · academic": (3, 3), "round 1 · yelp": (6, 6)}
     evaluation = [b for b in progress.bars if b[0].startswith("evaluating")]
     assert [(t, d) for _, t, d in evaluation] == [(12, 12), (12, 12)]  # dev, then test
+
+
+def test_local_checkpoint_folder_loads_unchanged(tmp_path, data_dir):
+    """`model.name = <folder>`: any local Hugging Face seq2seq checkpoint, as a GPU user's t5-small."""
+    from fedsilo.models.seq2seq import build_seq2seq
+
+    built, tokenizer = build_seq2seq(validate(tiny_config(data_dir)).model, seed=7)
+    folder = tmp_path / "my-t5"
+    built.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    loaded, _ = build_seq2seq(validate(tiny_config(data_dir, model={"name": str(folder)})).model)
+    original = dict(built.named_parameters())
+    assert all(torch.equal(p, original[n]) for n, p in loaded.named_parameters())
+    cfg = validate(tiny_config(data_dir, model={"name": str(folder)}, federation={"rounds": 1}))
+    results = run_experiment(cfg, tmp_path / "run", show_progress=False)
+    assert set(results["test"]["per_silo"]) == {"restaurants", "academic", "yelp"}
+
+
+def test_missing_checkpoint_folder_is_named(tmp_path, data_dir):
+    from fedsilo.config import ConfigError
+    from fedsilo.models.seq2seq import build_seq2seq
+
+    with pytest.raises(ConfigError, match="no-such-model"):
+        build_seq2seq(validate(tiny_config(data_dir, model={"name": str(tmp_path / "no-such-model")})).model)
