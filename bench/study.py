@@ -94,7 +94,7 @@ def main() -> None:
         (out / "wall.json").write_text(json.dumps({"seconds": seconds[name]}))
         print(f"{name}: MacroAvg {results[name]['test']['macro']:.2f} MicroAvg {results[name]['test']['micro']:.2f} "
               f"({seconds[name]:.0f}s)", flush=True)
-    doc = [f"# Lorar study at bench scale\n",
+    doc = ["# Lorar study at bench scale\n",
            f"Command: `python bench/study.py --config {args.config} --out {args.out} --doc {args.doc}`"
            + (f" `--set {' --set '.join(args.set)}`" if args.set else ""),
            f"Date: {date.today()}; machine: {platform.machine()}, {platform.processor() or 'cpu'}, "

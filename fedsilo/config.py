@@ -12,7 +12,6 @@ from fedsilo.client.train import OPTIMIZERS as CLIENT_OPTIMIZERS
 from fedsilo.core.server_opt import OPTIMIZERS as SERVER_OPTIMIZERS
 from fedsilo.core.weighting import POLICIES
 
-
 # Silo catalogue per task, kept here so a config is checked before any data is read.
 TASK_SILOS = {"text2sql": ("advising", "atis", "geography", "restaurants", "scholar", "academic", "imdb", "yelp")}
 

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["DataError", "Source", "default_data_root", "read_manifest", "find_mirror", "ensure",
-           "ensure_text2sql"]
+__all__ = ["DataError", "Source", "default_data_root", "read_manifest", "find_mirror", "ensure"]
 
 _TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 _URL = "https://raw.githubusercontent.com/{repo}/{commit}/{path}"
@@ -104,11 +103,6 @@ def ensure(task: str, dest: Path, mirror: Path | None = None, manifest: Path | N
             _log(progress, f"downloading {src.path} ({src.size} bytes) from {src.url}")
             _download(src, target)
     return dest
-
-
-def ensure_text2sql(dest: Path, mirror: Path | None = None, progress: bool = True) -> Path:
-    """The eight text-to-SQL silos (jkkummerfeld/text2sql-data) under ``dest``."""
-    return ensure("text2sql", dest, mirror=mirror, progress=progress)
 
 
 def _is_verified(path: Path, src: Source) -> bool:

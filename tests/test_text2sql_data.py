@@ -5,8 +5,15 @@ from pathlib import Path
 import pytest
 
 from fedsilo.tasks.text2sql.data import (
-    DISPLAY, SILOS, DataError, Example, load_silo, normalise_sql, normalise_text,
-    serialize_schema, substitute,
+    DISPLAY,
+    SILOS,
+    DataError,
+    Example,
+    load_silo,
+    normalise_sql,
+    normalise_text,
+    serialize_schema,
+    substitute,
 )
 
 REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "text2sql"

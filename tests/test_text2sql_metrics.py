@@ -5,7 +5,11 @@ import pytest
 
 from fedsilo.tasks.text2sql.data import DataError, load_silo, normalise_sql
 from fedsilo.tasks.text2sql.metrics import (
-    EXEC_DB, exact_match, execution_match, sql_for_execution, summarize,
+    EXEC_DB,
+    exact_match,
+    execution_match,
+    sql_for_execution,
+    summarize,
 )
 
 REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "text2sql"

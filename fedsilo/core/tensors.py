@@ -1,7 +1,7 @@
 """Named-tensor sets: the only currency of the FL core (no models, no data, no transport)."""
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 import torch
 
@@ -11,10 +11,6 @@ Tensors = dict[str, torch.Tensor]
 def clone(tensors: Mapping[str, torch.Tensor]) -> Tensors:
     """Detached copies, so later in-place training cannot change what was sent."""
     return {k: v.detach().clone() for k, v in tensors.items()}
-
-
-def subset(tensors: Mapping[str, torch.Tensor], names: Iterable[str]) -> Tensors:
-    return {k: tensors[k] for k in names}
 
 
 def nbytes(tensors: Mapping[str, torch.Tensor]) -> int:

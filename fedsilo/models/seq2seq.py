@@ -10,8 +10,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import (AutoModelForSeq2SeqLM, AutoTokenizer, BertConfig, BertLMHeadModel, BertModel,
-                          EncoderDecoderModel, PreTrainedModel, T5Config, T5ForConditionalGeneration)
+from transformers import (
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    BertConfig,
+    BertLMHeadModel,
+    BertModel,
+    EncoderDecoderModel,
+    PreTrainedModel,
+    T5Config,
+    T5ForConditionalGeneration,
+)
 
 from fedsilo.config import ConfigError, ModelConfig
 

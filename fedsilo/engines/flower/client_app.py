@@ -71,7 +71,7 @@ def silo_for(message: Message, context: Context) -> Silo:
     name = silo_name(cfg, context.node_config)
     data_dir = context.node_config.get("data-dir", cfg.task.data_dir)
     root = context.node_config.get("state-dir") or Path(tempfile.gettempdir()) / "fedsilo-flower-state" / name
-    key = (hashlib.sha256(text.encode()).hexdigest(), name, data_dir, str(root))
+    key = (hashlib.sha256(text.encode()).hexdigest(), str(conf["run-key"]), name, data_dir, str(root))
     if key not in _SILOS:
         from fedsilo.runs.runner import build_task
         own = cfg.model_copy(update={"task": cfg.task.model_copy(update={"silos": [name], "data_dir": data_dir})})

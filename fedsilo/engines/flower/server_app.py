@@ -6,13 +6,12 @@ learns each silo's name and size from the silos themselves (a `describe` query).
 from __future__ import annotations
 
 import time
-import tomllib
 from pathlib import Path
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from fedsilo.config import ConfigError, RunConfig, load_config, to_toml, validate
+from fedsilo.config import ConfigError, RunConfig, load_config, to_toml
 from fedsilo.progress import Progress
 from fedsilo.server import Server
 
