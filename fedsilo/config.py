@@ -63,6 +63,7 @@ class ModelConfig(Strict):
     num_decoder_layers: int = Field(2, gt=0)
     num_heads: int = Field(4, gt=0)
     dropout: float = Field(0.1, ge=0, lt=1)
+    device: str = Field("auto", description="auto: cuda when available, else cpu; or any torch device")
 
 
 class ClientConfig(Strict):

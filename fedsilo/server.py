@@ -68,6 +68,8 @@ class Server:
     def receive(self, client: str, update: ClientUpdate) -> str | None:
         """Fold one client's update into the round; returns a rejection reason, or None."""
         reason = reject_reason(update, self.params)
+        if not reason:  # updates may arrive on another device (a GPU silo, a CPU server, or Flower's CPU arrays)
+            update.tensors = {k: t.to(self.params[k].device) for k, t in update.tensors.items()}
         entry = {
             "n_examples": update.n_examples, "steps": update.steps, "losses": update.losses,
             "delta_loss": None if math.isnan(update.delta_loss) else update.delta_loss,

@@ -72,3 +72,15 @@ def test_train_size_keeps_ratios_within_floor_and_cap():
     sizes = {n: train_size(n, task) for n in (4347, 2629, 549, 499, 228, 120, 79, 78, 10)}
     assert sizes == {4347: 96, 2629: 96, 549: 28, 499: 25, 228: 16, 120: 16, 79: 16, 78: 16, 10: 10}
     assert train_size(500, validate({}).task) == 500
+
+
+def test_model_device_auto_and_bad_name():
+    import torch
+
+    from fedsilo.models.seq2seq import resolve_device
+
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto").type == expected
+    assert resolve_device("cpu").type == "cpu"
+    with pytest.raises(ConfigError, match="model.device"):
+        resolve_device("nonsense")

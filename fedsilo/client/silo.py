@@ -43,6 +43,8 @@ class SiloClient:
 
     def fit(self, round_idx: int, shared: Tensors, seed: int, on_step: Callable[[], None] | None = None
             ) -> ClientUpdate:
+        device = next(self.model.parameters()).device
+        shared = {k: v.to(device) for k, v in shared.items()}  # no copy when already there
         self.load_into_model(shared)
         result = train_local(
             self.model, self.examples, self.collate,

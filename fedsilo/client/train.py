@@ -94,6 +94,7 @@ def train_local(
     torch.manual_seed(seed)  # dropout: same seed → same local run, also after a resume
     order_rng = torch.Generator().manual_seed(seed)
     params = dict(model.named_parameters())
+    device = next(iter(params.values())).device
     trainable = [p for p in params.values() if p.requires_grad]
     opt = make_optimizer(optimizer, trainable, lr, weight_decay)
     log = LossLog(logging_steps, step_offset)
@@ -102,7 +103,7 @@ def train_local(
     for _ in range(epochs):
         order = torch.randperm(len(examples), generator=order_rng).tolist()
         for i in range(0, len(order), batch_size):
-            batch = collate([examples[j] for j in order[i:i + batch_size]])
+            batch = {k: v.to(device) for k, v in collate([examples[j] for j in order[i:i + batch_size]]).items()}
             loss = model(**batch).loss
             if prox_mu > 0 and anchor is not None:
                 loss = loss + prox_term(params, anchor, prox_mu)

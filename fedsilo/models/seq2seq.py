@@ -90,5 +90,16 @@ def build_seq2seq(cfg: ModelConfig, seed: int = 0) -> tuple[PreTrainedModel, obj
         except (OSError, ValueError) as err:
             raise ConfigError(f"model.name: cannot load a seq2seq checkpoint from {path}: {err}") from None
     _set_special_tokens(model, tokenizer)
+    model.to(resolve_device(cfg.device))
     model.eval()
     return model, tokenizer
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` picks the GPU when there is one: the same config runs on a laptop and a GPU box."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(name)
+    except RuntimeError as err:
+        raise ConfigError(f"model.device: {err}") from None

@@ -92,11 +92,11 @@ class RunDir:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
 
-    def load(self, path: Path) -> dict | None:
+    def load(self, path: Path, device: torch.device | str = "cpu") -> dict | None:
         if not path.exists():
             return None
         try:
-            return torch.load(path, map_location="cpu", weights_only=True)
+            return torch.load(path, map_location=device, weights_only=True)
         except Exception as err:  # noqa: BLE001 - any unreadable file is the same user-facing problem
             raise RunDirError(f"{path} is not a readable fedsilo checkpoint: {err}") from None
 

@@ -53,8 +53,9 @@ def run_federation(cfg: RunConfig, run: RunDir, engine, server: Server, resume: 
                    progress: Progress | None = None) -> dict:
     """Rounds on any engine, model selection on the merged dev set, test of the selected model."""
     run.prepare(cfg, resume)
+    device = next(iter(server.params.values())).device  # checkpoints load where the server lives
     start, best = 1, None
-    state = run.load(run.checkpoint) if resume else None
+    state = run.load(run.checkpoint, device) if resume else None
     if state is not None:
         server.load_state_dict(state["server"])
         engine.load_state_dict(state["clients"])
@@ -87,7 +88,7 @@ def run_federation(cfg: RunConfig, run: RunDir, engine, server: Server, resume: 
         run.save(run.checkpoint, {"round": r, "best": best, "server": server.state_dict(),
                                   "clients": engine.state_dict()})
 
-    best_state = run.load(run.best)
+    best_state = run.load(run.best, device)
     if best_state is None:
         raise RunDirError(f"{run.path}: no best.pt; the run has no evaluated round")
     server.load_state_dict(best_state["server"])

@@ -83,7 +83,7 @@ class Text2SQLTask:
         out: list[str] = []
         bs = self.cfg.eval_batch_size
         for i in range(0, len(examples), bs):
-            enc = self._encode_sources(examples[i:i + bs])
+            enc = self._encode_sources(examples[i:i + bs]).to(model.device)
             ids = model.generate(**enc, max_new_tokens=self.cfg.max_target_length, num_beams=1, do_sample=False)
             out += self.tokenizer.batch_decode(ids, skip_special_tokens=True)
             if progress:
@@ -118,6 +118,6 @@ class Text2SQLTask:
         bs = self.cfg.eval_batch_size
         for i in range(0, len(examples), bs):
             batch = examples[i:i + bs]
-            total += float(model(**self.collate(batch)).loss) * len(batch)
+            total += float(model(**self.collate(batch).to(model.device)).loss) * len(batch)
             n += len(batch)
         return total / max(n, 1)
