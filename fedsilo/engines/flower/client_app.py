@@ -4,6 +4,7 @@ reaches a fresh process continues where the last one stopped."""
 from __future__ import annotations
 
 import hashlib
+import io
 import tempfile
 import tomllib
 from dataclasses import dataclass
@@ -41,7 +42,6 @@ class Silo:
             self.client.load_state_dict(torch.load(saved[-1], weights_only=True))
 
     def persist(self, round_idx: int) -> None:
-        import io
         buf = io.BytesIO()
         torch.save(self.client.state_dict(), buf)
         atomic_write_bytes(self.state_path(round_idx), buf.getvalue())
