@@ -2,6 +2,12 @@
 import json
 from pathlib import Path
 
+import pytest
+
+# The real benchmark data beside the project (CI has it too); tests that need it skip without it.
+REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "text2sql"
+needs_real = pytest.mark.skipif(not REAL.is_dir(), reason=f"real text2sql data not found at {REAL}")
+
 SCHEMA = """Table Name, Field Name, Is Primary Key, Is Foreign Key, Type
 CITY, CITY_NAME, y, n, varchar(255)
 CITY, POPULATION, n, n, int(11)

@@ -1,12 +1,11 @@
 """Bad input: one clear message naming the culprit, a non-zero exit, and nothing half-written."""
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
 from fedsilo.cli import main
-from tests.synth import tiny_config, write_silos
+from tests.synth import REAL, needs_real, tiny_config, write_silos
 
 
 def toml_of(raw: dict) -> str:
@@ -101,10 +100,9 @@ def test_report_of_missing_dir(tmp_path, capsys):
     assert code == 2 and "nothing" in err
 
 
-REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "text2sql"
 
 
-@pytest.mark.skipif(not REAL.is_dir(), reason=f"real text2sql data not found at {REAL}")
+@needs_real
 def test_data_command_with_corrupt_mirror(tmp_path, capsys):
     mirror = tmp_path / "mirror" / "text2sql"
     shutil.copytree(REAL, mirror)

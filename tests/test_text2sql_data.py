@@ -15,9 +15,7 @@ from fedsilo.tasks.text2sql.data import (
     serialize_schema,
     substitute,
 )
-
-REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "text2sql"
-needs_real = pytest.mark.skipif(not REAL.is_dir(), reason=f"real text2sql data not found at {REAL}")
+from tests.synth import REAL, needs_real
 
 SCHEMA_CSV = """Table Name, Field Name, Is Primary Key, Is Foreign Key, Type
 STATE, STATE_NAME, y, n, varchar(255)

@@ -1,5 +1,4 @@
 import sqlite3
-from pathlib import Path
 
 import pytest
 
@@ -11,10 +10,7 @@ from fedsilo.tasks.text2sql.metrics import (
     sql_for_execution,
     summarize,
 )
-
-REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "text2sql"
-needs_real = pytest.mark.skipif(not REAL.is_dir(), reason=f"real text2sql data not found at {REAL}")
-
+from tests.synth import REAL, needs_real
 
 # ---- exact match and summaries -----------------------------------------------------------
 
