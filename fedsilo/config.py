@@ -1,62 +1,70 @@
 """Run configuration: TOML → validated pydantic models. Unknown keys and impossible values fail
-with one message that names them."""
+with one message that names them.
+
+Every policy axis is a registry (fedsilo.registry); its config field is checked against the registry
+when the config is validated, so a policy registered by the user before the run is a valid choice.
+The `[task]` section is validated by the settings class of the task it names.
+"""
 from __future__ import annotations
 
+import math
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError,
+                      create_model, field_validator, model_validator)
 
-from fedsilo.client.train import OPTIMIZERS as CLIENT_OPTIMIZERS
-from fedsilo.core.server_opt import OPTIMIZERS as SERVER_OPTIMIZERS
-from fedsilo.core.weighting import POLICIES
-
-# Silo catalogue per task, kept here so a config is checked before any data is read.
-TASK_SILOS = {"text2sql": ("advising", "atis", "geography", "restaurants", "scholar", "academic", "imdb", "yelp")}
-
-
-# Choices come from the modules that implement them, so a new policy needs no edit here.
-ClientOptimizer = Literal[CLIENT_OPTIMIZERS]
-ServerOptimizerName = Literal[SERVER_OPTIMIZERS]
-Weighting = Literal[POLICIES]
+from fedsilo.client.hooks import ROUND_HOOKS
+from fedsilo.client.objective import REGULARIZERS
+from fedsilo.client.optim import CLIENT_OPTIMIZERS
+from fedsilo.core.exchange import DOWNLOADS, OVERWRITES, SELECTORS
+from fedsilo.core.server_opt import SERVER_OPTIMIZERS
+from fedsilo.core.weighting import WEIGHTINGS
+from fedsilo.models import MODEL_KINDS, SURGERIES
+from fedsilo.registry import Registry
+from fedsilo.tasks import TASKS, TaskSettings
 
 
 class ConfigError(ValueError):
     """A config the user wrote cannot be run; the message names the culprit."""
 
 
+def choice(registry: Registry) -> Any:
+    """A str field whose value must name an entry of `registry` (checked at validation time)."""
+    return Annotated[str, AfterValidator(registry.check)]
+
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class TaskConfig(Strict):
-    name: Literal["text2sql"] = "text2sql"
-    data_dir: str | None = None  # None: fetch/verify into the data cache (see `fedsilo data`)
-    silos: list[str] = Field(default_factory=lambda: list(TASK_SILOS["text2sql"]))
-    train_fraction: float = Field(1.0, gt=0, le=1, description="keep this share of each silo's train set")
-    min_train: int = Field(0, ge=0, description="but at least this many (a small-scale study keeps small silos)")
-    max_train: int = Field(0, ge=0, description="cap on train examples per silo (0 = all)")
-    max_eval: int = Field(0, ge=0, description="cap on dev/test examples per silo (0 = all)")
-    max_source_length: int = Field(256, gt=0)
-    max_target_length: int = Field(128, gt=0)
-    eval_batch_size: int = Field(32, gt=0)
-    exec_accuracy: bool = True
+class SurgeryConfig(Strict):
+    """`[model.surgery]`: a registered model surgery and its options (validated by the surgery)."""
+    name: choice(SURGERIES)
+    options: dict[str, Any] = Field(default_factory=dict)
 
-    @field_validator("silos")
-    @classmethod
-    def _known_silos(cls, v: list[str], info) -> list[str]:
-        known = TASK_SILOS[info.data.get("name", "text2sql")]
-        unknown = [s for s in v if s not in known]
-        if unknown:
-            raise ValueError(f"unknown silo {unknown[0]!r}; choose from {', '.join(known)}")
-        if not v or len(set(v)) != len(v):
-            raise ValueError("silos must be a non-empty list without repeats")
-        return v
+    @model_validator(mode="after")
+    def _options(self) -> "SurgeryConfig":
+        settings = SURGERIES.entry(self.name).settings
+        if settings is not None:
+            settings.model_validate(self.options)
+        elif self.options:
+            raise ValueError(f"surgery {self.name!r} takes no options")
+        return self
+
+    def settings(self):
+        cls = SURGERIES.entry(self.name).settings
+        return cls.model_validate(self.options) if cls is not None else None
 
 
 class ModelConfig(Strict):
-    name: str = "tiny-t5"  # "tiny-t5", "minilm2bert", or a local Hugging Face seq2seq checkpoint path
+    kind: choice(MODEL_KINDS) | None = Field(None, description="seq2seq | encoder; default: the task's")
+    name: str | None = Field(None, description="a built-in model name or a local HF checkpoint folder; "
+                                               "default: the task's")
     d_model: int = Field(128, gt=0)
     d_ff: int = Field(256, gt=0)
     num_layers: int = Field(2, gt=0)
@@ -64,45 +72,64 @@ class ModelConfig(Strict):
     num_heads: int = Field(4, gt=0)
     dropout: float = Field(0.1, ge=0, lt=1)
     device: str = Field("auto", description="auto: cuda when available, else cpu; or any torch device")
+    surgery: SurgeryConfig | None = None
 
 
 class ClientConfig(Strict):
     epochs: int = Field(1, gt=0)
-    lr: float = Field(1e-3, gt=0)
+    lr: FiniteFloat = Field(1e-3, gt=0)
     batch_size: int = Field(8, gt=0)
-    optimizer: ClientOptimizer = "adafactor"
-    weight_decay: float = Field(0.0, ge=0)
-    logging_steps: int = Field(4, gt=0)
-    prox_mu: float = Field(0.0, ge=0)
-    max_grad_norm: float = Field(1.0, ge=0, description="0 disables clipping")
+    grad_accum: int = Field(1, gt=0, description="batches per optimiser step (the Lorar authors: 16)")
+    optimizer: choice(CLIENT_OPTIMIZERS) = "adafactor"
+    weight_decay: FiniteFloat = Field(0.0, ge=0)
+    logging_steps: int = Field(4, gt=0, description="ΔL windows, in optimiser steps")
+    max_grad_norm: FiniteFloat = Field(1.0, ge=0, description="0 disables clipping")
+    regularizers: dict[str, FiniteFloat] = Field(
+        default_factory=dict, description="name → coefficient, e.g. {prox = 1e-4} (FedProx μ)")
+    tracked_terms: list[str] | None = Field(
+        None, description="objective terms summed into the logged loss (ΔL, mean loss); None: all")
+    before_training: choice(ROUND_HOOKS) | None = Field(None, description="a round hook run before local training")
+    pseudo_source: Literal["global", "own"] = Field("global", description="which model a hook labels with")
+    persist_optimizer: bool | None = Field(
+        None, description="keep optimiser state across rounds; None: yes unless federated")
+
+    @field_validator("regularizers")
+    @classmethod
+    def _known_regularizers(cls, v: dict[str, float]) -> dict[str, float]:
+        for name, coef in v.items():
+            REGULARIZERS.check(name)
+            if coef < 0:
+                raise ValueError(f"regularizer {name!r}: coefficient must be ≥ 0")
+        return v
 
 
-class ClientOverride(Strict):
-    """Per-silo hyper-parameters; unset fields keep the [client] defaults."""
-    epochs: int | None = Field(None, gt=0)
-    lr: float | None = Field(None, gt=0)
-    batch_size: int | None = Field(None, gt=0)
-    optimizer: ClientOptimizer | None = None
-    weight_decay: float | None = Field(None, ge=0)
-    logging_steps: int | None = Field(None, gt=0)
-    prox_mu: float | None = Field(None, ge=0)
+# Every [client] key may be overridden per silo: the override model is derived, never hand-kept.
+ClientOverride = create_model(
+    "ClientOverride", __base__=Strict,
+    **{name: (f.annotation | None, None) for name, f in ClientConfig.model_fields.items()},
+)
 
 
 class FederationConfig(Strict):
-    rounds: int = Field(3, gt=0)
+    rounds: int = Field(3, gt=0, strict=True)
     sample_fraction: float = Field(1.0, gt=0, le=1)
     sample_count: int | None = Field(None, gt=0)
-    weighting: Weighting = "size"
+    weighting: choice(WEIGHTINGS) = "size"
+    weighting_stat: str | None = Field(
+        None, description="the client statistic the policy reads (delta_loss, mean_loss, loss/<term>, "
+                          "metric/<name>); None: the policy's default")
     eval_every: int = Field(1, gt=0)
 
 
 class ServerConfig(Strict):
-    optimizer: ServerOptimizerName = "fedavg"
-    lr: float | None = Field(None, gt=0, description="default 1.0 for fedavg/sgdm, 0.01 for adaptive")
+    optimizer: choice(SERVER_OPTIMIZERS) = "fedavg"
+    lr: FiniteFloat | None = Field(None, gt=0, description="default 1.0 for fedavg/sgdm, 0.01 for adaptive")
     momentum: float = Field(0.9, ge=0, lt=1)
     beta1: float = Field(0.9, ge=0, lt=1)
     beta2: float = Field(0.99, ge=0, lt=1)
-    tau: float = Field(1e-3, gt=0)
+    tau: FiniteFloat = Field(1e-3, gt=0)
+    v0: FiniteFloat | None = Field(None, ge=0, description="initial second moment; None: tau² (Reddi et al.)")
+    bias_correction: bool = Field(False, description="Adam's bias-corrected step size, as Flower's FedAdam")
 
     @property
     def effective_lr(self) -> float:
@@ -114,7 +141,25 @@ class ServerConfig(Strict):
 class ExchangeConfig(Strict):
     shared: list[str] = Field(default_factory=lambda: ["*"])
     private: list[str] = Field(default_factory=list)
-    select: str | None = None
+    upload: choice(SELECTORS) = Field("all", description="per-round upload policy (a registered selector)")
+    upload_options: dict[str, Any] = Field(default_factory=dict)
+    download: choice(DOWNLOADS) = Field("all", description="what the server sends each client")
+    overwrite: choice(OVERWRITES) = Field("received", description="which received tensors a client takes")
+
+    @model_validator(mode="after")
+    def _options(self) -> "ExchangeConfig":
+        settings = SELECTORS.entry(self.upload).settings
+        if settings is not None:
+            settings.model_validate(self.upload_options)
+        elif self.upload_options:
+            raise ValueError(f"selector {self.upload!r} takes no options")
+        return self
+
+
+class EngineConfig(Strict):
+    store: Literal["disk", "memory"] = Field(
+        "disk", description="where clients keep state between rounds: disk (safetensors in the run "
+                            "directory, RAM stays one model) or memory")
 
 
 class FlowerConfig(Strict):
@@ -127,31 +172,59 @@ class FlowerConfig(Strict):
 
 class RunConfig(Strict):
     name: str = "run"
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2**63)
     paradigm: Literal["federated", "finetune", "centralized"] = "federated"
     out_dir: str = "runs"
-    task: TaskConfig = TaskConfig()
+    task: SerializeAsAny[TaskSettings] = Field(default_factory=lambda: task_settings({}))
     model: ModelConfig = ModelConfig()
     client: ClientConfig = ClientConfig()
     clients: dict[str, ClientOverride] = Field(default_factory=dict)
     federation: FederationConfig = FederationConfig()
     server: ServerConfig = ServerConfig()
     exchange: ExchangeConfig = ExchangeConfig()
+    engine: EngineConfig = EngineConfig()
     flower: FlowerConfig = FlowerConfig()
 
+    @field_validator("task", mode="before")
+    @classmethod
+    def _task_section(cls, v: Any) -> TaskSettings:
+        return v if isinstance(v, TaskSettings) else task_settings(v)
+
     @model_validator(mode="after")
-    def _overrides_name_silos(self) -> "RunConfig":
-        # Overrides may name silos left out of task.silos (one file, several subsets), not unknown ones.
-        unknown = sorted(set(self.clients) - set(TASK_SILOS[self.task.name]))
+    def _overrides_name_clients(self) -> "RunConfig":
+        # Overrides may name silos left out of this run (one file, several subsets), not unknown ones.
+        unknown = sorted(set(self.clients) - set(self.task.known_clients()))
         if unknown:
-            raise ValueError(f"[clients.{unknown[0]}] names no {self.task.name} silo")
+            raise ValueError(f"[clients.{unknown[0]}] names no {self.task.name} client")
         return self
 
-    def client_config(self, silo: str) -> ClientConfig:
-        override = self.clients.get(silo)
+    @property
+    def persist_optimizer(self) -> bool:
+        if self.client.persist_optimizer is not None:
+            return self.client.persist_optimizer
+        return self.paradigm != "federated"
+
+    def client_config(self, client: str) -> ClientConfig:
+        override = self.clients.get(client)
         if override is None:
             return self.client
         return self.client.model_copy(update=override.model_dump(exclude_none=True))
+
+
+class _TaskSectionError(ValueError):
+    """Raised inside validation; carries the inner location so the message names `task.<key>`."""
+
+
+def task_settings(raw: Any) -> TaskSettings:
+    if not isinstance(raw, dict):
+        raise ValueError("must be a table, e.g. [task] name = \"text2sql\"")
+    name = raw.get("name", "text2sql")
+    if name not in TASKS:
+        raise _TaskSectionError(f"task.name: {name!r} is not a choice: {', '.join(map(repr, TASKS))}")
+    try:
+        return TASKS.entry(name).settings.model_validate({**raw, "name": name})
+    except ValidationError as err:
+        raise _TaskSectionError(_where_what(err, prefix="task")) from None
 
 
 def _parse_value(text: str) -> Any:
@@ -178,15 +251,25 @@ def apply_overrides(raw: dict, assignments: list[str]) -> dict:
 
 
 def _describe(err: ValidationError, source: str) -> str:
+    return f"{source}: {_where_what(err)}"
+
+
+def _where_what(err: ValidationError, prefix: str = "") -> str:
     first = err.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    loc = [str(p) for p in first["loc"]]
     msg = first["msg"]
+    ctx_err = (first.get("ctx") or {}).get("error")
+    if isinstance(ctx_err, _TaskSectionError):  # already names task.<key>
+        return str(ctx_err)
+    where = ".".join(([prefix] if prefix else []) + loc) or "(top level)"
     if first["type"] == "extra_forbidden":
         msg = "unknown key"
     elif first["type"] == "literal_error":
         msg = f"{first['input']!r} is not a choice: {msg[len('Input should be '):]}"
+    elif msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
     more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
-    return f"{source}: {where}: {msg}{more}"
+    return f"{where}: {msg}{more}"
 
 
 def validate(raw: dict, source: str = "config") -> RunConfig:
@@ -194,6 +277,8 @@ def validate(raw: dict, source: str = "config") -> RunConfig:
         return RunConfig.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(_describe(err, source)) from None
+    except _TaskSectionError as err:
+        raise ConfigError(f"{source}: {err}") from None
 
 
 def load_config(path: str | Path, assignments: list[str] = ()) -> RunConfig:
@@ -202,6 +287,8 @@ def load_config(path: str | Path, assignments: list[str] = ()) -> RunConfig:
         raise ConfigError(f"config file not found: {path}")
     try:
         raw = tomllib.loads(path.read_text())
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text (TOML) file") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML: {err}") from None
     return validate(apply_overrides(raw, list(assignments)), str(path))
@@ -219,17 +306,29 @@ def _fmt(v: Any) -> str:
         return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(v, list):
         return "[" + ", ".join(_fmt(x) for x in v) + "]"
+    if isinstance(v, float) and not math.isfinite(v):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_key(k)} = {_fmt(x)}" for k, x in v.items()) + "}"
     return repr(v)
 
 
+def _key(k: str) -> str:
+    return k if k.replace("_", "").replace("-", "").isalnum() else _fmt(k)
+
+
+# Sections whose values are free-form tables (written inline, not as [sub.sections]).
+_INLINE = {"regularizers", "upload_options", "options"}
+
+
 def _dump(d: dict, prefix: str = "") -> str:
-    scalars = [f"{k} = {_fmt(v)}" for k, v in d.items() if not isinstance(v, dict)]
+    scalars = [f"{_key(k)} = {_fmt(v)}" for k, v in d.items() if not isinstance(v, dict) or k in _INLINE]
     out = "\n".join(scalars) + ("\n" if scalars else "")
     for k, v in d.items():
-        if isinstance(v, dict):
-            name = f"{prefix}{k}"
+        if isinstance(v, dict) and k not in _INLINE:
+            name = f"{prefix}{_key(k)}"
             body = _dump(v, name + ".")
-            if any(not isinstance(x, dict) for x in v.values()) or not v:
+            if any(not isinstance(x, dict) or kk in _INLINE for kk, x in v.items()) or not v:
                 out += f"\n[{name}]\n"
             out += body
     return out

@@ -1,29 +1,72 @@
-"""What crosses the wire: shared vs private tensors, and per-round upload selection.
+"""What crosses the wire, per client and per direction.
 
 Patterns are fnmatch globs over tensor names. A tensor is *shared* when it matches `shared` and no
 `private` pattern; every other tensor is private: it never leaves its client and the client keeps
-it across rounds. Among shared tensors, a selector may pick a per-round subset to upload.
+it across rounds. Three registered policies decide the rest:
+- upload selector (client side): which shared tensors this client sends this round; it sees the
+  client's tensors now (after training) and at the end of its previous round (Dynamic Pulling);
+- download policy (server side): which shared tensors the server sends this client;
+- overwrite policy (client side): which received tensors replace the client's own; the others stay
+  the client's (which then keeps them across rounds).
 """
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from typing import Any
+
+from fedsilo.registry import Registry
 
 from .tensors import Tensors
 
-# selector(round, local tensors after training, reference tensors) -> names to upload
-Selector = Callable[[int, Tensors, Tensors], Iterable[str]]
 
-SELECTORS: dict[str, Selector] = {}
+@dataclass(frozen=True)
+class SelectionContext:
+    round: int
+    client: str
+    names: Sequence[str]          # the shared tensors, in model order
+    now: Tensors                  # this client's shared tensors after local training
+    previous: Tensors | None      # the same at the end of its previous round (None in its first round)
+    seed: int = 0
+    options: Any = None           # the selector's validated settings (exchange.upload_options)
+
+    def rng(self) -> random.Random:
+        return random.Random(f"{self.seed}/{self.round}/{self.client}/select")
 
 
-def register_selector(name: str) -> Callable[[Selector], Selector]:
-    """Make a per-round upload policy available to configs as `exchange.select = name`."""
-    def wrap(fn: Selector) -> Selector:
-        SELECTORS[name] = fn
+@dataclass(frozen=True)
+class Selector:
+    choose: Callable[[SelectionContext], Iterable[str]]
+    needs_previous: bool = False  # the client must keep its end-of-round tensors for this selector
+
+
+SELECTORS: Registry[Selector] = Registry("upload selector")
+SELECTORS.add("all", Selector(lambda ctx: ctx.names))
+
+
+def register_selector(name: str, needs_previous: bool = False, settings: type | None = None):
+    """Decorator: `fn(ctx) -> names` becomes `exchange.upload = name`."""
+    def wrap(fn):
+        SELECTORS.add(name, Selector(fn, needs_previous), settings)
         return fn
     return wrap
+
+
+# download(round, shared names, names this client uploaded in its last round or None) -> names sent
+DownloadPolicy = Callable[[int, Sequence[str], Sequence[str] | None], Iterable[str]]
+DOWNLOADS: Registry[DownloadPolicy] = Registry("download policy")
+DOWNLOADS.add("all", lambda r, names, uploaded: names)
+DOWNLOADS.add("uploaded", lambda r, names, uploaded: names if uploaded is None else uploaded)
+
+# overwrite(received names, names this client uploaded in its last round or None) -> names taken
+OverwritePolicy = Callable[[Sequence[str], Sequence[str] | None], Iterable[str]]
+OVERWRITES: Registry[OverwritePolicy] = Registry("overwrite policy")
+OVERWRITES.add("received", lambda received, uploaded: received)
+OVERWRITES.add("uploaded", lambda received, uploaded: received if uploaded is None
+               else [n for n in received if n in set(uploaded)])
+OVERWRITES.add("none", lambda received, uploaded: [] if uploaded is not None else received)
 
 
 def matches(name: str, patterns: Sequence[str]) -> bool:
@@ -34,7 +77,10 @@ def matches(name: str, patterns: Sequence[str]) -> bool:
 class ExchangePlan:
     shared: tuple[str, ...] = ("*",)
     private: tuple[str, ...] = ()
-    select: str | None = None
+    upload: str = "all"
+    upload_options: Any = None
+    download: str = "all"
+    overwrite: str = "received"
 
     def split(self, names: Iterable[str]) -> tuple[list[str], list[str]]:
         """(shared names, private names), in the given order."""
@@ -43,16 +89,24 @@ class ExchangePlan:
             (shared if matches(n, self.shared) and not matches(n, self.private) else private).append(n)
         return shared, private
 
-    def upload(self, round_idx: int, local: Tensors, reference: Tensors) -> list[str]:
-        """Names of the shared tensors this client sends this round."""
-        if self.select is None:
-            return list(local)
-        try:
-            selector = SELECTORS[self.select]
-        except KeyError:
-            raise ValueError(f"unknown exchange selector {self.select!r}; known: {sorted(SELECTORS)}") from None
-        chosen = set(selector(round_idx, local, reference))
-        unknown = chosen - set(local)
+    @property
+    def keeps_everything(self) -> bool:
+        """Whether a client must keep all its tensors between rounds (not only the private ones)."""
+        return (self.download != "all" or self.overwrite != "received"
+                or SELECTORS.get(self.upload).needs_previous)
+
+    def choose_upload(self, ctx: SelectionContext) -> list[str]:
+        """Names of the shared tensors this client sends this round, in model order."""
+        chosen = set(SELECTORS.get(self.upload).choose(ctx))
+        unknown = chosen - set(ctx.names)
         if unknown:
-            raise ValueError(f"selector {self.select!r} chose tensors that are not shared: {sorted(unknown)}")
-        return [n for n in local if n in chosen]
+            raise ValueError(f"selector {self.upload!r} chose tensors that are not shared: {sorted(unknown)}")
+        return [n for n in ctx.names if n in chosen]
+
+    def choose_download(self, round_idx: int, names: Sequence[str], uploaded: Sequence[str] | None) -> list[str]:
+        chosen = set(DOWNLOADS.get(self.download)(round_idx, names, uploaded))
+        return [n for n in names if n in chosen]
+
+    def choose_overwrite(self, received: Sequence[str], uploaded: Sequence[str] | None) -> list[str]:
+        chosen = set(OVERWRITES.get(self.overwrite)(received, uploaded))
+        return [n for n in received if n in chosen]

@@ -17,7 +17,12 @@ import torch
 
 from .tensors import Tensors
 
+from fedsilo.registry import Registry
+
 OPTIMIZERS = ("fedavg", "sgdm", "adam", "yogi", "adagrad")
+SERVER_OPTIMIZERS: Registry = Registry("server optimizer")
+for _n in OPTIMIZERS:
+    SERVER_OPTIMIZERS.add(_n, _n)
 
 
 @dataclass

@@ -1,41 +1,44 @@
-"""Client weighting policies p_i (DESIGN.md §3, Lorar paper Eqn. 2 and 6).
+"""Client weighting policies p_i (DESIGN.md §3, Lorar paper Eqn. 2 and 6; FewFedWeight Eqn. 7).
 
-A policy turns each client's *score* into a weight p_i = score_i / Σ score_j. Scores are what a
-client's own numbers give, so the engine can aggregate as clients finish (streaming, one
-accumulator) and normalise at the end.
+A policy turns each client's *score* into a weight p_i = score_i / Σ score_j. A score depends only on
+the client's own numbers — its size and one statistic it reports, read by name (ΔL, mean loss, a
+metric) — so the server can aggregate as clients finish (streaming) and normalise at the end.
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-POLICIES = ("size", "equal", "lorar", "loss_reduction", "loss")
+from fedsilo.registry import Registry
+
+
+@dataclass(frozen=True)
+class WeightingPolicy:
+    score: Callable[[float, float], float]  # (n_examples, value of the statistic it reads) -> score
+    reads: str | None = None                # the client statistic it reads by default
+    can_degenerate: bool = True             # scores may all be 0 / NaN: keep a size-weighted fallback sum
+
+
+WEIGHTINGS: Registry[WeightingPolicy] = Registry("weighting policy")
+WEIGHTINGS.add("size", WeightingPolicy(lambda n, _: float(n), None, can_degenerate=False))
+WEIGHTINGS.add("equal", WeightingPolicy(lambda n, _: 1.0, None, can_degenerate=False))
+WEIGHTINGS.add("lorar", WeightingPolicy(lambda n, dl: n * dl, "delta_loss"))
+WEIGHTINGS.add("loss_reduction", WeightingPolicy(lambda n, dl: dl, "delta_loss"))
+WEIGHTINGS.add("loss", WeightingPolicy(lambda n, loss: loss, "mean_loss"))  # FewFedWeight: harder tasks weigh more
 
 
 def delta_loss(logged: Sequence[float]) -> float:
     """ΔL = max − min of the losses a client logged during this round (nan if none)."""
     values = [float(v) for v in logged]
-    if not values:
-        return math.nan
-    if any(math.isnan(v) for v in values):
+    if not values or any(math.isnan(v) for v in values):
         return math.nan
     return max(values) - min(values)
 
 
-def client_score(policy: str, n_examples: int, delta: float, loss: float = math.nan) -> float:
+def client_score(policy: str, n_examples: float, value: float = math.nan) -> float:
     """Unnormalised weight of one client under `policy`."""
-    if policy == "size":
-        return float(n_examples)
-    if policy == "equal":
-        return 1.0
-    if policy == "lorar":
-        return n_examples * delta
-    if policy == "loss_reduction":
-        return delta
-    if policy == "loss":  # FewFedWeight: harder tasks weigh more
-        return loss
-    raise ValueError(f"unknown weighting policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    return WEIGHTINGS.get(policy).score(n_examples, value)
 
 
 def _usable(scores: Sequence[float]) -> bool:
@@ -48,17 +51,10 @@ class Weights:
     fallback: bool  # True when the policy was degenerate and size weights were used instead
 
 
-def client_weights(
-    policy: str,
-    sizes: Sequence[int],
-    deltas: Sequence[float] | None = None,
-    losses: Sequence[float] | None = None,
-) -> Weights:
+def client_weights(policy: str, sizes: Sequence[float], values: Sequence[float] | None = None) -> Weights:
     """p_i for one round. Degenerate scores (all zero, a NaN/inf, a negative) fall back to size."""
-    n = len(sizes)
-    deltas = list(deltas) if deltas is not None else [math.nan] * n
-    losses = list(losses) if losses is not None else [math.nan] * n
-    scores = [client_score(policy, s, d, l) for s, d, l in zip(sizes, deltas, losses)]
+    values = list(values) if values is not None else [math.nan] * len(sizes)
+    scores = [client_score(policy, s, v) for s, v in zip(sizes, values)]
     fallback = not _usable(scores)
     if fallback:
         scores = [float(s) for s in sizes]

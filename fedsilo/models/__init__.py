@@ -1,0 +1,27 @@
+"""Model plug-ins: model kinds (how a config becomes a model + tokenizer) and model surgeries
+(modules inserted after building, e.g. FedMatch patches), each a registry. Builders import
+transformers lazily, so validating a config stays cheap."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fedsilo.registry import Registry
+
+# kind(model config, seed) -> (model, tokenizer)
+MODEL_KINDS: Registry[Callable] = Registry("model kind")
+# surgery(model, settings, seed) -> None (in place); applied identically by every engine
+SURGERIES: Registry[Callable] = Registry("model surgery")
+
+
+def _seq2seq(cfg, seed):
+    from .seq2seq import build_seq2seq
+    return build_seq2seq(cfg, seed)
+
+
+def _encoder(cfg, seed):
+    from .encoder import build_encoder
+    return build_encoder(cfg, seed)
+
+
+MODEL_KINDS.add("seq2seq", _seq2seq)
+MODEL_KINDS.add("encoder", _encoder)

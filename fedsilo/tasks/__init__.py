@@ -1,0 +1,52 @@
+"""Task plug-ins: one registry, one entry per task family, selected by `task.name` in a config.
+
+An entry's settings class is the task's own `[task]` config section (validated strictly); its value
+is a `TaskPlugin` that builds the task lazily, so validating a config imports no model or data code.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fedsilo.registry import Registry
+
+
+class TaskSettings(BaseModel):
+    """Keys every task section has; a task's settings class adds its own."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str
+    data_dir: str | None = Field(None, description="None: fetch and verify into the data cache")
+    eval_batch_size: int = Field(32, gt=0)
+
+    def client_names(self) -> list[str]:
+        """The participants this config selects (silos, or multi-task clients)."""
+        raise NotImplementedError
+
+    def known_clients(self) -> list[str]:
+        """Every participant name a config may mention (e.g. in [clients.<name>] overrides)."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class TaskPlugin:
+    build: Callable[..., object]          # (settings, tokenizer, data_dir: Path) -> Task
+    data: str | None = None               # datafetch manifest name; None: no fetch
+    default_model: dict = field(default_factory=dict)  # model config defaults for this task
+
+    def data_dir(self, settings: TaskSettings) -> Path | None:
+        """The task's verified data folder: `data_dir` as given, else fetched into the cache."""
+        if settings.data_dir:
+            return Path(settings.data_dir)
+        if self.data is None:
+            return None
+        from fedsilo.datafetch import default_data_root, ensure
+        return ensure(self.data, default_data_root() / self.data)
+
+
+TASKS: Registry[TaskPlugin] = Registry("task")
+
+# Built-in tasks register themselves on import (light modules: settings + a lazy builder).
+from fedsilo.tasks.text2sql import plugin as _text2sql  # noqa: E402,F401

@@ -1,0 +1,139 @@
+"""What a task plug-in provides, and how its evaluation becomes results.
+
+Evaluation returns per-row *sufficient statistics*: additive numbers (counts, sums, n-gram count
+vectors) from which every metric is computed. Pooling rows is then exact (pooled EM from counts,
+corpus BLEU from summed n-gram counts, MAP from summed average precisions), and a silo evaluated on
+another machine (Flower) sends numbers, never text. A row is one (client, task) pair, because a
+multi-task client holds several tasks.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+Stats = dict[str, float | list[float]]  # additive: pooling = element-wise sum
+Metrics = dict[str, float | None]
+
+
+def add_stats(a: Mapping[str, Any], b: Mapping[str, Any]) -> Stats:
+    """Element-wise sum of two stats dicts (lists are summed position by position)."""
+    out: Stats = {}
+    for key in dict.fromkeys([*a, *b]):
+        x, y = a.get(key), b.get(key)
+        if x is None or y is None:
+            out[key] = x if y is None else y
+        elif isinstance(x, (list, tuple)):
+            if len(x) != len(y):
+                raise ValueError(f"stats {key!r}: cannot add vectors of length {len(x)} and {len(y)}")
+            out[key] = [float(u) + float(v) for u, v in zip(x, y)]
+        else:
+            out[key] = float(x) + float(y)
+    return out
+
+
+def pool(stats: Sequence[Mapping[str, Any]]) -> Stats:
+    total: Stats = {}
+    for s in stats:
+        total = add_stats(total, s)
+    return total
+
+
+@dataclass(frozen=True)
+class Column:
+    """One metric as tables show it."""
+    key: str                 # key in a row's metrics
+    label: str               # e.g. "EM %"
+    fmt: str = ".2f"
+    in_macro: bool = True    # averaged over rows in the macro column
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """A task's metrics: how to compute them from stats, which one selects the model, how to show them."""
+    columns: tuple[Column, ...]
+    compute: Callable[[Mapping[str, Any]], Metrics] = field(repr=False)
+    primary: str = "score"
+    higher_is_better: bool = True
+    tie_break: str | None = "loss"       # the metric that breaks ties of the primary one
+    tie_break_higher_is_better: bool = False
+    selection: str = "pooled"            # model selection on "pooled" or "macro" (mean over rows)
+    description: str = ""                # what the rows and units are, for the report
+
+    def summarize(self, rows: Sequence[Mapping[str, Any]]) -> dict:
+        """{rows: [{client, task, metrics, stats}], macro: mean over rows, pooled: from summed stats}."""
+        if not rows:
+            raise ValueError("no evaluation rows to summarize")
+        out_rows = [{"client": r["client"], "task": r["task"], "stats": dict(r["stats"]),
+                     "metrics": self.compute(r["stats"])} for r in rows]
+        macro: Metrics = {}
+        for col in self.columns:
+            values = [r["metrics"].get(col.key) for r in out_rows]
+            values = [v for v in values if v is not None and not math.isnan(v)]
+            macro[col.key] = sum(values) / len(values) if values and col.in_macro else None
+        pooled = self.compute(pool([r["stats"] for r in rows]))
+        summary = {"rows": out_rows, "macro": macro, "pooled": pooled}
+        summary["score"] = summary[self.selection].get(self.primary)
+        summary["key"] = self.selection_key(summary)
+        return summary
+
+    def selection_key(self, summary: Mapping[str, Any]) -> list[float]:
+        """Larger is better; a missing or NaN value ranks last."""
+        metrics = summary[self.selection]
+        key = [_signed(metrics.get(self.primary), self.higher_is_better)]
+        if self.tie_break:
+            key.append(_signed(metrics.get(self.tie_break), self.tie_break_higher_is_better))
+        return key
+
+    def describe(self) -> dict:
+        """The spec as results.json records it (for the report, which has no task code)."""
+        return {"columns": [asdict(c) for c in self.columns], "primary": self.primary,
+                "higher_is_better": self.higher_is_better, "tie_break": self.tie_break,
+                "selection": self.selection, "description": self.description}
+
+
+WORST = -1e308
+
+
+def _signed(value: float | None, higher_is_better: bool) -> float:
+    if value is None or math.isnan(value):
+        return WORST
+    return float(value) if higher_is_better else -float(value)
+
+
+def select_best(candidates: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The candidate (a dict with a `key` list) with the largest key; the earliest wins exact ties.
+
+    One function for the runner (which round becomes best.pt) and the report (which round it marks)."""
+    best = None
+    for c in candidates:
+        if c.get("key") is None:
+            continue
+        if best is None or list(c["key"]) > list(best["key"]):
+            best = c
+    return best
+
+
+@runtime_checkable
+class Task(Protocol):
+    """A task family (text2sql, translation, matching, multitask). Knows nothing of federation."""
+    name: str
+    spec: MetricSpec
+    display: Mapping[str, str]  # client name → display name
+
+    @property
+    def clients(self) -> list[str]: ...
+
+    def examples(self, client: str, split: str) -> Sequence[Any]: ...
+
+    def collate(self, batch: Sequence[Any]) -> dict[str, torch.Tensor]: ...
+
+    def loss(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Named scalar loss terms for one batch; training minimises their sum."""
+
+    def evaluate(self, model: torch.nn.Module, client: str, split: str, progress=None,
+                 final: bool = False) -> list[dict]:
+        """[{client, task, stats}] for one client's `split`; `final` adds costly extras (test only)."""
