@@ -1,4 +1,8 @@
-"""`fedsilo run | report | data`: the command line."""
+"""`fedsilo run | deploy | report | data`: the command line.
+
+Every error a user can cause (a bad config, a missing or corrupt file, a deployment that ended
+without results) is one line `fedsilo: error: ...` and exit code 2, never a traceback.
+"""
 from __future__ import annotations
 
 import argparse
@@ -6,10 +10,29 @@ import os
 import sys
 from pathlib import Path
 
+from fedsilo import __version__
+
+
+class UserError(Exception):
+    """A problem the user can fix; `main` prints it as `fedsilo: error: ...` (exit code 2)."""
+
+
+def _report(out: Path, show: bool = True) -> Path:
+    """Print the results table (if any) and (re)write report.md; a malformed run file is a user error."""
+    from fedsilo.runs.report import print_results, read_results, write_report
+
+    try:
+        results = read_results(out)
+        if results and show:
+            print_results(results)
+        return write_report(out)
+    except ValueError as err:  # malformed rounds.jsonl / results.json (the message names file and line)
+        raise UserError(f"cannot report {out}: {err}") from None
+
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from fedsilo.config import load_config
-    from fedsilo.runs.report import print_results, write_report
+    from fedsilo.runs.report import print_results
     from fedsilo.runs.runner import run_experiment
 
     cfg = load_config(args.config, args.set or [])
@@ -20,84 +43,127 @@ def _cmd_run(args: argparse.Namespace) -> int:
     else:
         results = run_experiment(cfg, out, resume=args.resume, show_progress=not args.no_progress)
     print_results(results)
-    report = write_report(out)
+    report = _report(out, show=False)
     print(f"run directory: {out}\nreport: {report}")
     return 0
+
+
+def deploy_paths(cfg, out: str | None, workdir: str | None) -> tuple[Path, Path]:
+    """Absolute run directory and work folder: Flower's processes run in the work folder, so a
+    relative path (the README's `--out runs/x`) would be read from there."""
+    out_path = Path(out) if out else Path(cfg.out_dir) / cfg.name
+    out_path = out_path.expanduser().resolve()
+    work = Path(workdir).expanduser().resolve() if workdir else out_path.with_name(out_path.name + "-flower")
+    return out_path, work
+
+
+def absolute_config(cfg):
+    """The config with its local paths made absolute (task.data_dir, a local model folder)."""
+    from fedsilo.config import validate
+    try:
+        from fedsilo.models.seq2seq import BUILTIN
+    except ImportError:
+        BUILTIN = ("tiny-t5", "minilm2bert")
+
+    raw = cfg.model_dump(exclude_none=True)
+    task, model = raw.get("task", {}), raw.get("model", {})
+    if task.get("data_dir"):
+        task["data_dir"] = str(Path(task["data_dir"]).expanduser().resolve())
+    name = model.get("name")
+    if isinstance(name, str) and name not in BUILTIN and Path(name).expanduser().is_dir():
+        model["name"] = str(Path(name).expanduser().resolve())  # a local checkpoint folder
+    return validate(raw, "config")
 
 
 def _cmd_deploy(args: argparse.Namespace) -> int:
     """A real Flower deployment on 127.0.0.1: SuperLink + one SuperNode per silo, then clean up."""
     from fedsilo.config import load_config, to_toml
     from fedsilo.datafetch import default_data_root, ensure
-    from fedsilo.engines.flower.deploy import LocalDeployment, split_silo_data
-    from fedsilo.runs.report import print_results, read_results, write_report
+    from fedsilo.engines.flower.deploy import DeploymentError, LocalDeployment, split_silo_data
+    from fedsilo.runs.report import print_results, read_results
 
-    cfg = load_config(args.config, args.set or [])
-    out = Path(args.out) if args.out else Path(cfg.out_dir) / cfg.name
-    work = Path(args.workdir) if args.workdir else out.with_name(out.name + "-flower")
-    data = Path(cfg.task.data_dir) if cfg.task.data_dir else ensure("text2sql", default_data_root() / "text2sql")
+    cfg = absolute_config(load_config(args.config, args.set or []))
+    out, work = deploy_paths(cfg, args.out, args.workdir)
+    data_dir = getattr(cfg.task, "data_dir", None)
+    data = Path(data_dir) if data_dir else ensure("text2sql", (default_data_root() / "text2sql").resolve())
     silos = split_silo_data(data, cfg.task.silos, work / "silo-data")
     work.mkdir(parents=True, exist_ok=True)
     config = work / "config.toml"
     config.write_text(to_toml(cfg))
-    print(f"starting a SuperLink and {len(silos)} SuperNodes on 127.0.0.1 (logs in {work})")
-    with LocalDeployment(work / "processes", silos) as dep:
-        dep.run(config, out, resume=args.resume)
-    print_results(read_results(out))
-    print(f"run directory: {out}\nreport: {write_report(out)}")
+    processes = work / "processes"
+    print(f"starting a SuperLink and {len(silos)} SuperNodes on 127.0.0.1 (logs in {processes})",
+          file=sys.stderr, flush=True)
+    try:
+        with LocalDeployment(processes, silos) as dep:
+            dep.run(config, out, resume=args.resume, progress=not args.no_progress)
+    except DeploymentError as err:
+        raise UserError(str(err)) from None
+    report = _report(out, show=False)
+    results = read_results(out)
+    if results:
+        print_results(results)
+    print(f"run directory: {out}\nreport: {report}")
     return 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from fedsilo.runs.report import print_results, read_results, write_report
-
-    report = write_report(Path(args.run_dir))
-    results = read_results(Path(args.run_dir))
-    if results:
-        print_results(results)
+    report = _report(Path(args.run_dir))
     print(f"report: {report}")
     return 0
 
 
 def _cmd_data(args: argparse.Namespace) -> int:
-    from fedsilo.datafetch import default_data_root, ensure
+    from fedsilo.datafetch import default_data_root, ensure, find_mirror
 
-    dest = Path(args.dest) if args.dest else default_data_root() / args.task
-    path = ensure(args.task, dest, Path(args.mirror) if args.mirror else None)
+    dest = (Path(args.dest).expanduser() if args.dest else default_data_root() / args.task).resolve()
+    mirror = Path(args.mirror).expanduser() if args.mirror else find_mirror()
+    source = f"mirror {mirror.resolve()}" if mirror else "the public source (pinned commit)"
+    print(f"{args.task} data goes to {dest} (missing or changed files come from {source})", flush=True)
+    path = ensure(args.task, dest, Path(args.mirror).expanduser() if args.mirror else None)
     print(f"{args.task} data verified in {path}")
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one `fedsilo: error:` line (exit code 2), like every other user error
+        self.exit(2, f"fedsilo: error: {message} (see: {self.prog} --help)\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fedsilo", description="Cross-silo federated learning for NLP.")
-    sub = p.add_subparsers(dest="command", required=True)
+    p = _Parser(prog="fedsilo", description="Cross-silo federated learning for NLP.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                   help="print fedsilo's version and exit")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                           help="run, deploy, report or data (COMMAND --help for its options)")
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("config", help="experiment TOML, e.g. experiments/lorar/small.toml")
+        sp.add_argument("--set", action="append", metavar="KEY=VALUE",
+                        help="override a config value, e.g. --set federation.rounds=5 (repeatable)")
+        sp.add_argument("--out", help="run directory (default: OUT_DIR/NAME from the config)")
+        sp.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+        sp.add_argument("--no-progress", action="store_true", help="no progress output (logs, CI)")
+
     r = sub.add_parser("run", help="run an experiment from a TOML config")
-    r.add_argument("config", help="experiment TOML, e.g. experiments/lorar/small.toml")
-    r.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a config value, e.g. --set federation.rounds=5 (repeatable)")
-    r.add_argument("--out", help="run directory (default: OUT_DIR/NAME from the config)")
-    r.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    r.add_argument("--no-progress", action="store_true", help="no progress bars (logs, CI)")
+    common(r)
     r.add_argument("--engine", choices=["local", "flower-sim"], default="local",
                    help="local: in-process (default); flower-sim: Flower's simulation engine, one virtual "
                         "SuperNode per silo (deployment: see docs/flower.md)")
     r.set_defaults(func=_cmd_run)
     dep = sub.add_parser("deploy", help="run a config on a real Flower deployment on this machine "
                                         "(SuperLink + one SuperNode per silo); everything is stopped after")
-    dep.add_argument("config")
-    dep.add_argument("--set", action="append", metavar="KEY=VALUE")
-    dep.add_argument("--out", help="run directory (default: OUT_DIR/NAME from the config)")
-    dep.add_argument("--resume", action="store_true")
+    common(dep)
     dep.add_argument("--workdir", help="per-silo data copies, Flower state and logs (default: OUT-flower)")
     dep.set_defaults(func=_cmd_deploy)
     rep = sub.add_parser("report", help="(re)write report.md and plots of a run directory")
-    rep.add_argument("run_dir")
+    rep.add_argument("run_dir", help="a run directory (holding rounds.jsonl), e.g. runs/lorar-small")
     rep.set_defaults(func=_cmd_report)
     d = sub.add_parser("data", help="obtain and verify a benchmark's files (pinned commit + sha256)")
-    d.add_argument("task", choices=["text2sql"])
+    d.add_argument("task", choices=["text2sql"], help="which benchmark's files: text2sql")
     d.add_argument("--mirror", help="local folder laid out like shared/data (default: $FEDSILO_DATA_MIRROR, "
                                     "then ../shared/data); else download from the public source")
-    d.add_argument("--dest", help="where to put the files (default: $FEDSILO_DATA or ~/.cache/fedsilo/data)")
+    d.add_argument("--dest", help="where to put the files (default: $FEDSILO_DATA/TASK or "
+                                  "~/.cache/fedsilo/data/TASK)")
     d.set_defaults(func=_cmd_data)
     return p
 
@@ -105,18 +171,23 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    args = parser().parse_args(argv)
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as done:  # --help, --version, a usage error (already printed)
+        return done.code if isinstance(done.code, int) else (0 if done.code is None else 2)
     from transformers.utils import logging as hf_logging
 
     from fedsilo.config import ConfigError
     from fedsilo.datafetch import DataError
+    from fedsilo.registry import UnknownChoice
     from fedsilo.runs.rundir import RunDirError
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
         return args.func(args)
-    except (ConfigError, DataError, RunDirError, FileNotFoundError) as err:
+    except (UserError, ConfigError, DataError, RunDirError, UnknownChoice, FileNotFoundError,
+            NotADirectoryError, IsADirectoryError, PermissionError) as err:
         print(f"fedsilo: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -37,3 +37,10 @@ class Progress:
     def log(self, message: str) -> None:
         if self._bar:
             self._bar.console.log(message)
+
+    def warn(self, message: str) -> None:
+        """Shown also without progress display (rejections, fallbacks, capped metrics)."""
+        if self._bar:
+            self._bar.console.log(f"[yellow]{message}")
+        else:
+            self.console.print(f"fedsilo: warning: {message}", markup=False, highlight=False)

@@ -1,27 +1,30 @@
-"""Subset exchange, private tensors and byte accounting on a toy model with tied weights."""
+"""Per-client exchange (upload selectors, download and overwrite policies), private tensors and byte
+accounting, on a toy model with tied weights and in-memory or on-disk client stores."""
 import pytest
 import torch
 
 from fedsilo.client.silo import SiloClient
+from fedsilo.client.store import DiskStore, MemoryStore
 from fedsilo.config import ClientConfig
 from fedsilo.core.exchange import ExchangePlan, register_selector
 from fedsilo.core.server_opt import ServerOptimizer
 from fedsilo.core.tensors import nbytes
 from fedsilo.engines.local import run_round
-from fedsilo.server import Server
-from tests.toy import TiedToy, toy_collate, toy_data
+from fedsilo.server import ClientUpdate, Server
+from tests.toy import TiedToy, ToyTask, toy_data
 
 CFG = ClientConfig(epochs=1, lr=0.1, batch_size=4, optimizer="sgd", max_grad_norm=0)
 
 
-def federation(plan: ExchangePlan, n_clients: int = 2):
+def federation(plan: ExchangePlan, n_clients: int = 2, store=None):
     torch.manual_seed(0)
     model = TiedToy()
     params = dict(model.named_parameters())
     shared, private = plan.split(params)
-    server = Server({k: params[k].detach() for k in shared}, ServerOptimizer("fedavg"), "size")
-    clients = {f"c{i}": SiloClient(f"c{i}", i, toy_data(8 + 4 * i, seed=i), toy_collate, CFG, model, plan,
-                                   {k: params[k].detach() for k in private})
+    server = Server({k: params[k].detach() for k in shared}, ServerOptimizer("fedavg"), "size", plan)
+    store = store if store is not None else MemoryStore()
+    initial = {k: params[k].detach().clone() for k in private}
+    clients = {f"c{i}": SiloClient(f"c{i}", i, toy_data(8 + 4 * i, seed=i), ToyTask, CFG, model, plan, store, initial)
                for i in range(n_clients)}
     return model, server, clients
 
@@ -34,24 +37,24 @@ def test_tied_weights_are_counted_once():
     assert len(model.state_dict()) == len(dict(model.named_parameters())) + 1
 
 
-def test_private_tensors_never_leave_and_survive_rounds():
+@pytest.mark.parametrize("backend", ["memory", "disk"])
+def test_private_tensors_never_leave_and_survive_rounds(backend, tmp_path):
     plan = ExchangePlan(shared=("*",), private=("dec.*",))
-    model, server, clients = federation(plan)
+    store = MemoryStore() if backend == "memory" else DiskStore(tmp_path)
+    model, server, clients = federation(plan, store=store)
     assert set(server.params) == {"emb.weight", "enc.weight", "enc.bias"}
     sent = []
     original_receive = server.receive
     server.receive = lambda c, u: sent.append(set(u.tensors)) or original_receive(c, u)
     run_round(server, clients, list(clients), 1, seed=0)
-    assert all(not any(n.startswith("dec.") for n in s) for s in sent)
-    after_r1 = {c: {k: v.clone() for k, v in cl.private.items()} for c, cl in clients.items()}
+    assert sent and all(not any(n.startswith("dec.") for n in s) for s in sent)
+    after_r1 = {c: store.get(c).slot("own") for c in clients}
+    assert set(after_r1["c0"]) == {"dec.weight", "dec.bias"}
     assert not torch.equal(after_r1["c0"]["dec.weight"], after_r1["c1"]["dec.weight"])
     # Round 2 starts each client from its own private tensors, not from another client's.
-    seen = {}
     for name, client in clients.items():
-        client.load_into_model(server.payload())
-        seen[name] = model.dec.weight.detach().clone()
-    assert torch.equal(seen["c0"], after_r1["c0"]["dec.weight"])
-    assert torch.equal(seen["c1"], after_r1["c1"]["dec.weight"])
+        client.load_for_eval(server.params)
+        assert torch.equal(model.dec.weight.detach(), after_r1[name]["dec.weight"])
 
 
 def test_fixed_subset_exchange_and_bytes():
@@ -61,16 +64,16 @@ def test_fixed_subset_exchange_and_bytes():
     enc_bytes = (3 * 3 + 3) * 4
     for c in record["clients"].values():
         assert c["bytes_up"] == enc_bytes and c["bytes_down"] == enc_bytes
-    assert record["bytes_up"] == 2 * enc_bytes
+    assert record["bytes_up"] == 2 * enc_bytes and record["bytes_down"] == 2 * enc_bytes
 
 
 @register_selector("test-enc-weight-on-odd-rounds")
-def _odd_round_selector(round_idx, local, reference):
-    return ["enc.weight"] if round_idx % 2 else list(local)
+def _odd_round_selector(ctx):
+    return ["enc.weight"] if ctx.round % 2 else list(ctx.names)
 
 
 def test_per_round_selection_uploads_subset_and_server_keeps_the_rest():
-    plan = ExchangePlan(select="test-enc-weight-on-odd-rounds")
+    plan = ExchangePlan(upload="test-enc-weight-on-odd-rounds")
     model, server, clients = federation(plan)
     before = {k: v.clone() for k, v in server.params.items()}
     record = run_round(server, clients, list(clients), 1, seed=0)
@@ -84,11 +87,62 @@ def test_per_round_selection_uploads_subset_and_server_keeps_the_rest():
 
 
 def test_selector_choosing_a_private_tensor_is_an_error():
-    register_selector("test-bad")(lambda r, local, ref: ["dec.weight"])
-    plan = ExchangePlan(private=("dec.*",), select="test-bad")
+    register_selector("test-bad")(lambda ctx: ["dec.weight"])
+    plan = ExchangePlan(private=("dec.*",), upload="test-bad")
     model, server, clients = federation(plan)
     with pytest.raises(ValueError, match="dec.weight"):
         run_round(server, clients, list(clients), 1, seed=0)
+
+
+@register_selector("test-enc-only", needs_previous=True)
+def _enc_only(ctx):
+    assert (ctx.previous is None) == (ctx.round == 1)  # the client's end of its previous round
+    return [n for n in ctx.names if n.startswith("enc.")]
+
+
+def test_download_only_what_was_uploaded_and_overwrite_only_that():
+    """download = uploaded: round 2 sends each client only the tensors it sent in round 1; the client
+    keeps its own values for everything else (they were never overwritten)."""
+    plan = ExchangePlan(upload="test-enc-only", download="uploaded")
+    model, server, clients = federation(plan)
+    full = nbytes(server.params)
+    r1 = run_round(server, clients, list(clients), 1, seed=0)
+    assert all(c["bytes_down"] == full for c in r1["clients"].values())  # round 1: everything
+    own_after_r1 = {c: clients[c].store.get(c).slot("own") for c in clients}
+    assert set(own_after_r1["c0"]) == {n for n, _ in model.named_parameters()}
+    payload = server.payload  # what each client receives in round 2
+    received = {}
+    server.payload = lambda c: received.setdefault(c, payload(c))
+    r2 = run_round(server, clients, list(clients), 2, seed=0)
+    assert all(set(p) == {"enc.weight", "enc.bias"} for p in received.values())
+    assert all(c["bytes_down"] == (9 + 3) * 4 for c in r2["clients"].values())
+    # a client's start point in round 2: its own emb/dec, the server's enc
+    clients["c0"].store.set_round(1)
+    clients["c0"].start_point(received["c0"], clients["c0"].store.get("c0"))
+    assert torch.equal(model.emb.weight.detach(), own_after_r1["c0"]["emb.weight"])
+    assert torch.equal(model.enc.weight.detach(), received["c0"]["enc.weight"])
+
+
+def test_overwrite_uploaded_with_full_download_keeps_the_rest_local():
+    plan = ExchangePlan(upload="test-enc-only", overwrite="uploaded")
+    model, server, clients = federation(plan)
+    run_round(server, clients, list(clients), 1, seed=0)
+    own = clients["c1"].store.get("c1").slot("own")
+    clients["c1"].load_for_eval(server.params)
+    assert torch.equal(model.dec.weight.detach(), own["dec.weight"])      # not taken: its own
+    assert torch.equal(model.enc.weight.detach(), server.params["enc.weight"])  # taken: the server's
+
+
+def test_bytes_down_counted_when_sent_even_without_an_answer():
+    model, server, clients = federation(ExchangePlan())
+    server.begin_round(1)
+    server.payload("c0")
+    server.payload("c1")  # c1 never answers
+    server.receive("c0", clients["c0"].fit(1, server.params, seed=0))
+    record = server.end_round()
+    assert set(record["clients"]) == {"c0"}
+    assert record["sent"] == {"c0": nbytes(server.params), "c1": nbytes(server.params)}
+    assert record["bytes_down"] == 2 * nbytes(server.params)
 
 
 def test_rejected_update_is_logged_and_not_aggregated():
@@ -103,21 +157,18 @@ def test_rejected_update_is_logged_and_not_aggregated():
 
     clients["c1"].fit = poisoned
     record = run_round(server, clients, list(clients), 1, seed=0)
-    assert "NaN" in record["clients"]["c1"]["rejected"]
+    assert record["clients"]["c1"]["rejected"] == "non-finite values (NaN/Inf) in the update"
     assert record["clients"]["c0"]["weight"] == 1.0
     assert torch.isfinite(server.params["enc.weight"]).all()
     assert not torch.equal(server.params["enc.weight"], before["enc.weight"])
 
 
 def test_wrong_shape_or_unknown_tensor_is_rejected_with_reason():
-    from fedsilo.server import ClientUpdate
-
     model, server, clients = federation(ExchangePlan())
-    server.begin_round()
-    bad_shape = ClientUpdate({"enc.weight": torch.zeros(2, 2)}, n_examples=3, delta_loss=1.0, mean_loss=1.0)
-    assert "shape" in server.receive("c0", bad_shape)
-    unknown = ClientUpdate({"nope": torch.zeros(1)}, n_examples=3, delta_loss=1.0, mean_loss=1.0)
-    assert "unknown tensor" in server.receive("c1", unknown)
+    server.begin_round(1)
+    bad_shape = ClientUpdate({"enc.weight": torch.zeros(2, 2)}, n_examples=3)
+    assert server.receive("c0", bad_shape) == "tensor 'enc.weight' has shape (2, 2), expected (3, 3)"
+    unknown = ClientUpdate({"nope": torch.zeros(1)}, n_examples=3)
+    assert server.receive("c1", unknown) == "unknown tensor 'nope'"
     record = server.end_round()
-    assert record["clients"]["c0"]["rejected"].startswith("tensor 'enc.weight'")
     assert all(c["weight"] is None for c in record["clients"].values())

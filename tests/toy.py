@@ -29,3 +29,16 @@ def toy_data(n: int, seed: int, vocab: int = 5) -> list[tuple[int, int]]:
 
 def toy_collate(batch):
     return {"x": torch.tensor([b[0] for b in batch]), "y": torch.tensor([b[1] for b in batch])}
+
+
+class ToyTask:
+    """Just what a SiloClient needs from a task: collate and named loss terms."""
+    name = "toy"
+
+    @staticmethod
+    def collate(batch):
+        return toy_collate(batch)
+
+    @staticmethod
+    def loss(model, batch):
+        return {"task": model(**batch).loss}

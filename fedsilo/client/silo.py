@@ -1,19 +1,25 @@
-"""One silo's side of a round: receive the global tensors, train locally, build the upload.
+"""One silo's side of a round: take the received tensors, run the round hook, train, build the upload.
 
-In-process, every silo borrows the same working model; a silo owns only its data, its
-hyper-parameters and its private tensors (DESIGN.md §4: no model copy per client).
+In-process every silo borrows the same working model; what a silo owns between rounds lives in the
+client store (DESIGN.md §4: no model copy per client in RAM): its private tensors, its whole model
+when the exchange plan needs it (partial download/overwrite, a selector that compares with the
+previous round, personal models), its optimiser state when that persists, and small metadata.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
 from fedsilo.config import ClientConfig
-from fedsilo.core.exchange import ExchangePlan
-from fedsilo.core.tensors import Tensors, clone
+from fedsilo.core.exchange import ExchangePlan, SelectionContext
+from fedsilo.core.tensors import Tensors
 from fedsilo.server import ClientUpdate
 
+from .hooks import ROUND_HOOKS, HookContext
+from .store import ClientState, ClientStore, optimizer_from_slot, optimizer_to_slot
 from .train import train_local
 
 
@@ -22,53 +28,95 @@ def client_seed(seed: int, round_idx: int, silo_idx: int) -> int:
     return (seed * 1_000_003 + round_idx * 10_007 + silo_idx) % (2**63)
 
 
-class SiloClient:
-    def __init__(self, name: str, index: int, examples: Sequence, collate: Callable, cfg: ClientConfig,
-                 model: torch.nn.Module, plan: ExchangePlan, private_init: Tensors) -> None:
-        self.name, self.index = name, index
-        self.examples, self.collate, self.cfg = examples, collate, cfg
-        self.model, self.plan = model, plan
-        self.private = clone(private_init)  # survives across rounds, never sent
-        self.steps_done = 0  # cumulative optimiser steps, for the loss curve's x axis
-
-    def load_into_model(self, shared: Tensors) -> None:
-        """Working model ← global shared tensors + this silo's private tensors."""
-        params = dict(self.model.named_parameters())
-        with torch.no_grad():
-            for name, t in list(shared.items()) + list(self.private.items()):
+def load_tensors(model: torch.nn.Module, *tensor_sets: Tensors) -> None:
+    """Copy named tensors into the model's parameters (later sets win)."""
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for tensors in tensor_sets:
+            for name, t in tensors.items():
                 params[name].copy_(t)
 
-    def planned_steps(self) -> int:
-        return self.cfg.epochs * -(-len(self.examples) // self.cfg.batch_size)
 
-    def fit(self, round_idx: int, shared: Tensors, seed: int, on_step: Callable[[], None] | None = None
+class SiloClient:
+    def __init__(self, name: str, index: int, examples: Sequence, task: Any, cfg: ClientConfig,
+                 model: torch.nn.Module, plan: ExchangePlan, store: ClientStore, initial: Tensors,
+                 persist_optimizer: bool = False) -> None:
+        self.name, self.index = name, index
+        self.examples, self.task, self.cfg = examples, task, cfg
+        self.model, self.plan, self.store = model, plan, store
+        self.shared_names, self.private_names = plan.split(n for n, _ in model.named_parameters())
+        self.initial = initial  # the initial private tensors (one copy shared by all clients)
+        self.persist_optimizer = persist_optimizer
+
+    def planned_steps(self) -> int:
+        batches = -(-len(self.examples) // self.cfg.batch_size)
+        accum = self.cfg.grad_accum
+        per_epoch = 1 if batches <= accum else batches // accum
+        return self.cfg.epochs * per_epoch if accum > 1 else self.cfg.epochs * batches
+
+    def _state(self) -> ClientState:
+        return self.store.get(self.name) or ClientState()
+
+    def start_point(self, received: Tensors, state: ClientState) -> list[str]:
+        """Working model ← own tensors, then the received tensors the overwrite policy takes.
+        Returns the names taken from `received`."""
+        uploaded = state.meta.get("uploaded")
+        taken = self.plan.choose_overwrite(list(received), uploaded)
+        own = state.slot("own") or {k: v for k, v in self.initial.items()}
+        load_tensors(self.model, own, {k: received[k] for k in taken})
+        return taken
+
+    def load_for_eval(self, global_tensors: Tensors) -> None:
+        """The model this silo would train from next: what it would receive and take, over its own."""
+        state = self._state()
+        names = self.plan.choose_download(self.store.round + 1, self.shared_names, state.meta.get("uploaded"))
+        self.start_point({k: global_tensors[k] for k in names}, state)
+
+    def fit(self, round_idx: int, received: Tensors, seed: int, on_step: Callable[[], None] | None = None
             ) -> ClientUpdate:
+        start = time.perf_counter()
         device = next(self.model.parameters()).device
-        shared = {k: v.to(device) for k, v in shared.items()}  # no copy when already there
-        self.load_into_model(shared)
-        result = train_local(
-            self.model, self.examples, self.collate,
-            epochs=self.cfg.epochs, lr=self.cfg.lr, batch_size=self.cfg.batch_size,
-            optimizer=self.cfg.optimizer, weight_decay=self.cfg.weight_decay,
-            logging_steps=self.cfg.logging_steps, prox_mu=self.cfg.prox_mu,
-            anchor=shared if self.cfg.prox_mu > 0 else None,
-            seed=client_seed(seed, round_idx, self.index), step_offset=self.steps_done,
-            max_grad_norm=self.cfg.max_grad_norm or None, on_step=on_step,
+        received = {k: v.to(device) for k, v in received.items()}  # no copy when already there
+        state = self._state()
+        self.start_point(received, state)
+        run_seed = client_seed(seed, round_idx, self.index)
+        examples = self.examples
+        if self.cfg.before_training:
+            ctx = HookContext(self.name, round_idx, run_seed, self.model, self.examples, received,
+                              state.slot("own"), self.cfg.pseudo_source, self.task)
+            examples = ROUND_HOOKS.get(self.cfg.before_training)(ctx)
+            self.start_point(received, state)  # the hook may have loaded another model to label with
+        restore = None
+        if self.persist_optimizer and state.slot("optimizer"):
+            restore = lambda opt: optimizer_from_slot(opt, state.slot("optimizer"), state.meta["optimizer_scalars"])  # noqa: E731
+        result, opt = train_local(
+            self.model, examples, self.task.collate, self.task.loss,
+            epochs=self.cfg.epochs, lr=self.cfg.lr, batch_size=self.cfg.batch_size, grad_accum=self.cfg.grad_accum,
+            optimizer=self.cfg.optimizer, weight_decay=self.cfg.weight_decay, logging_steps=self.cfg.logging_steps,
+            regularizers=self.cfg.regularizers, anchor={k: received[k] for k in received if k in self.shared_names},
+            tracked_terms=self.cfg.tracked_terms, seed=run_seed, step_offset=int(state.meta.get("steps_done", 0)),
+            max_grad_norm=self.cfg.max_grad_norm or None, optimizer_state=restore, on_step=on_step,
         )
-        self.steps_done += result.steps
         params = dict(self.model.named_parameters())
         with torch.no_grad():
-            for name in self.private:
-                self.private[name] = params[name].detach().clone()
-            local = {k: params[k].detach() for k in shared}
-            upload = self.plan.upload(round_idx, local, shared)
-            delta = {k: local[k] - shared[k] for k in upload}
-        return ClientUpdate(delta, result.n_examples, result.delta_loss, result.mean_loss,
-                            result.steps, result.losses, result.seconds)
+            now = {k: params[k].detach() for k in self.shared_names}
+            previous = state.slot("own") or None
+            ctx = SelectionContext(round_idx, self.name, self.shared_names, now,
+                                   {k: previous[k] for k in self.shared_names} if previous else None,
+                                   seed, self.plan.upload_options)
+            upload = self.plan.choose_upload(ctx)
+            values = {k: now[k].clone() for k in upload}
+        self._save(state, params, upload, result.steps, opt)
+        stats = {"delta_loss": result.delta_loss, "mean_loss": result.mean_loss,
+                 **{f"loss/{k}": v for k, v in result.terms.items()}}
+        return ClientUpdate(values, result.n_examples, stats, result.steps, result.losses,
+                            time.perf_counter() - start)
 
-    def state_dict(self) -> dict:
-        return {"private": self.private, "steps_done": self.steps_done}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.private = {k: v.clone() for k, v in state["private"].items()}
-        self.steps_done = int(state["steps_done"])
+    def _save(self, state: ClientState, params: dict, upload: list[str], steps: int,
+              opt: torch.optim.Optimizer) -> None:
+        keep = list(params) if self.plan.keeps_everything else self.private_names
+        slots = {"own": {k: params[k].detach().clone() for k in keep}} if keep else {}
+        meta = {"steps_done": int(state.meta.get("steps_done", 0)) + steps, "uploaded": upload}
+        if self.persist_optimizer:
+            slots["optimizer"], meta["optimizer_scalars"] = optimizer_to_slot(opt)
+        self.store.put(self.name, ClientState(slots, meta))

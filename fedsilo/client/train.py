@@ -1,9 +1,20 @@
-"""Local training on one client: the loop, the objective terms, and loss logging for ΔL."""
+"""Local training on one client: the loop, the objective's named terms, and loss logging for ΔL.
+
+Loss logging follows the Lorar authors' Hugging Face Trainer (transformers 4.10,
+`logging_strategy="steps"`, `logging_first_step=True`): the loss of the first optimiser step alone,
+then at every global step that is a multiple of `logging_steps` the mean loss of the optimiser steps
+since the last log — windows run across epoch boundaries, there is no epoch-end flush, a trailing
+partial window is dropped, values are rounded to 4 decimals. Gradient accumulation is the Trainer's
+too: an optimiser step every `grad_accum` batches (or at an epoch's last batch when the whole epoch
+is shorter than that); each batch's loss is divided by `grad_accum`, and leftover batches at an
+epoch's end carry their gradients (and loss) into the next epoch's first step.
+"""
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -11,54 +22,29 @@ import torch
 from fedsilo.core.tensors import Tensors
 from fedsilo.core.weighting import delta_loss
 
-OPTIMIZERS = ("adafactor", "adamw", "sgd")
-
-
-def make_optimizer(name: str, params, lr: float, weight_decay: float = 0.0) -> torch.optim.Optimizer:
-    """Adafactor as in the Lorar paper (fixed lr, no relative step), AdamW or plain SGD."""
-    if name == "adafactor":
-        from transformers.optimization import Adafactor
-        return Adafactor(params, lr=lr, scale_parameter=False, relative_step=False, warmup_init=False,
-                         weight_decay=weight_decay)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay)
-    raise ValueError(f"unknown client optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
-
-
-def prox_term(params: Tensors, anchor: Tensors, mu: float) -> torch.Tensor:
-    """FedProx: μ/2·‖w − w_t‖² over the tensors that have an anchor (the shared ones)."""
-    total = sum(((params[k] - anchor[k]) ** 2).sum() for k in anchor)
-    return 0.5 * mu * total
+from .objective import objective_terms
+from .optim import make_optimizer
 
 
 class LossLog:
-    """Logs the first step, the mean of every window of `every` steps, and each epoch's end."""
+    """The Trainer's logged losses for one round: (step, value) pairs, `step` offset for plots."""
 
     def __init__(self, every: int, step_offset: int = 0) -> None:
         self.every = max(1, every)
-        self.step = step_offset
+        self.offset = step_offset
+        self.step = 0
         self.points: list[tuple[int, float]] = []
-        self._window: list[float] = []
-        self._first = True
+        self._since: list[float] = []
 
-    def record(self, loss: float) -> None:
+    def record(self, loss: float | torch.Tensor) -> None:
+        """The loss of one optimiser step (the sum of its batches' scaled losses). A tensor is read
+        (a device sync) only at the steps that are logged."""
         self.step += 1
-        self._window.append(loss)
-        if self._first:
-            self.points.append((self.step, loss))
-            self._first = False
-        if len(self._window) >= self.every:
-            self._flush()
-
-    def end_epoch(self) -> None:
-        if self._window:
-            self._flush()
-
-    def _flush(self) -> None:
-        self.points.append((self.step, sum(self._window) / len(self._window)))
-        self._window = []
+        self._since.append(loss)
+        if self.step == 1 or self.step % self.every == 0:
+            mean = float(sum(self._since)) / len(self._since)
+            self.points.append((self.offset + self.step, round(mean, 4)))
+            self._since = []
 
 
 @dataclass
@@ -68,6 +54,7 @@ class LocalResult:
     losses: list[tuple[int, float]] = field(default_factory=list)
     delta_loss: float = math.nan
     mean_loss: float = math.nan
+    terms: dict[str, float] = field(default_factory=dict)  # mean of each objective term per batch
     seconds: float = 0.0
 
 
@@ -75,53 +62,87 @@ def train_local(
     model: torch.nn.Module,
     examples: Sequence,
     collate: Callable[[Sequence], dict],
+    loss_fn: Callable[[torch.nn.Module, dict], Mapping[str, torch.Tensor]],
     *,
     epochs: int,
     lr: float,
     batch_size: int,
+    grad_accum: int = 1,
     optimizer: str = "adafactor",
     weight_decay: float = 0.0,
     logging_steps: int = 4,
-    prox_mu: float = 0.0,
+    regularizers: Mapping[str, float] | None = None,
     anchor: Tensors | None = None,
+    tracked_terms: Sequence[str] | None = None,
     seed: int = 0,
     step_offset: int = 0,
     max_grad_norm: float | None = 1.0,
+    optimizer_state: Callable[[torch.optim.Optimizer], None] | None = None,
     on_step: Callable[[], None] | None = None,
-) -> LocalResult:
-    """Train `model` in place on `examples`; log losses (incl. the prox term) for ΔL."""
+) -> tuple[LocalResult, torch.optim.Optimizer]:
+    """Train `model` in place on `examples`; returns the result and the optimiser (for its state).
+
+    `loss_fn(model, batch)` gives the task's named loss terms; registered regularisers anchored to
+    `anchor` (the received global tensors) are added. Training minimises the sum of all terms; the
+    logged loss (ΔL, mean loss) is the sum of `tracked_terms` (default: all). Randomness (data order,
+    dropout) comes from `seed` alone and leaves torch's global generator as it was.
+    """
     start = time.perf_counter()
-    torch.manual_seed(seed)  # dropout: same seed → same local run, also after a resume
-    order_rng = torch.Generator().manual_seed(seed)
     params = dict(model.named_parameters())
     device = next(iter(params.values())).device
     trainable = [p for p in params.values() if p.requires_grad]
     opt = make_optimizer(optimizer, trainable, lr, weight_decay)
+    if optimizer_state is not None:
+        optimizer_state(opt)
+    regularizers = dict(regularizers or {})
+    anchor = anchor or {}
     log = LossLog(logging_steps, step_offset)
-    model.train()
-    total, count = 0.0, 0
-    for _ in range(epochs):
-        order = torch.randperm(len(examples), generator=order_rng).tolist()
-        for i in range(0, len(order), batch_size):
-            batch = {k: v.to(device) for k, v in collate([examples[j] for j in order[i:i + batch_size]]).items()}
-            loss = model(**batch).loss
-            if prox_mu > 0 and anchor is not None:
-                loss = loss + prox_term(params, anchor, prox_mu)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if max_grad_norm:
-                torch.nn.utils.clip_grad_norm_(trainable, max_grad_norm)
-            opt.step()
-            value = float(loss.detach())
-            log.record(value)
-            total, count = total + value, count + 1
-            if on_step:
-                on_step()
-        log.end_epoch()
-    model.eval()
-    return LocalResult(
-        n_examples=len(examples), steps=count, losses=log.points,
+    order_rng = torch.Generator().manual_seed(seed)
+    term_sums: dict[str, torch.Tensor] = {}
+    batches = 0
+    tracked_sum = torch.zeros((), device=device)     # unscaled, for the mean loss
+    step_loss = torch.zeros((), device=device)       # scaled, of the optimiser step being accumulated
+    steps = 0
+    fork = torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
+    with fork if fork is not None else nullcontext():
+        torch.manual_seed(seed)  # dropout; restored on exit by fork_rng
+        model.train()
+        opt.zero_grad(set_to_none=True)
+        for _ in range(epochs):
+            order = torch.randperm(len(examples), generator=order_rng).tolist()
+            starts = range(0, len(order), batch_size)
+            per_epoch = len(starts)
+            for i, s in enumerate(starts):
+                batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v
+                         for k, v in collate([examples[j] for j in order[s:s + batch_size]]).items()}
+                terms = objective_terms(loss_fn(model, batch), params, anchor, regularizers)
+                total = sum(terms.values())
+                tracked = total if tracked_terms is None else sum(
+                    (terms[t] for t in tracked_terms if t in terms), torch.zeros((), device=device))
+                (total / grad_accum if grad_accum > 1 else total).backward()
+                with torch.no_grad():
+                    for name, t in terms.items():
+                        t = t.detach()
+                        term_sums[name] = term_sums[name] + t if name in term_sums else t.clone()
+                    tracked_sum += tracked.detach()
+                    step_loss += tracked.detach() / grad_accum
+                batches += 1
+                if (i + 1) % grad_accum == 0 or (per_epoch <= grad_accum and i + 1 == per_epoch):
+                    if max_grad_norm:
+                        torch.nn.utils.clip_grad_norm_(trainable, max_grad_norm)
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                    steps += 1
+                    log.record(step_loss)
+                    step_loss = torch.zeros((), device=device)
+                    if on_step:
+                        on_step()
+        model.eval()
+    terms_mean = {k: float(v) / batches for k, v in term_sums.items()} if batches else {}
+    result = LocalResult(
+        n_examples=len(examples), steps=steps, losses=log.points,
         delta_loss=delta_loss([v for _, v in log.points]),
-        mean_loss=total / count if count else math.nan,
-        seconds=time.perf_counter() - start,
+        mean_loss=float(tracked_sum) / batches if batches else math.nan,
+        terms=terms_mean, seconds=time.perf_counter() - start,
     )
+    return result, opt

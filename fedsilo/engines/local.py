@@ -1,66 +1,48 @@
-"""The in-process engine: every silo in this process, trained one after another on one working model."""
+"""The in-process engine: every silo in this process, trained one after another on one working model.
+
+What a silo keeps between rounds is in the client store (disk by default), so RAM holds one model
+however many silos keep state.
+"""
 from __future__ import annotations
 
 import time
 
 import torch
 
-from fedsilo.client.silo import SiloClient
+from fedsilo.client.silo import SiloClient, load_tensors
+from fedsilo.client.store import ClientStore
 from fedsilo.config import RunConfig
-from fedsilo.core.exchange import ExchangePlan
 from fedsilo.progress import Progress
+from fedsilo.runs.build import build_client, exchange_plan, initial_private, members
 from fedsilo.server import Server
-
-
-def exchange_plan(cfg: RunConfig) -> ExchangePlan:
-    return ExchangePlan(tuple(cfg.exchange.shared), tuple(cfg.exchange.private), cfg.exchange.select)
-
-
-def load_tensors(model: torch.nn.Module, *tensor_sets: dict) -> None:
-    """Copy named tensors into the model's parameters (later sets win)."""
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for tensors in tensor_sets:
-            for name, t in tensors.items():
-                params[name].copy_(t)
-
-
-def members(cfg: RunConfig, task) -> list[tuple[str, list, object]]:
-    """(name, training examples, client config) per participant; one pooled client when centralized."""
-    if cfg.paradigm == "centralized":
-        return [("pooled", [e for s in task.silos for e in task.examples(s, "train")], cfg.client)]
-    return [(s, task.examples(s, "train"), cfg.client_config(s)) for s in task.silos]
 
 
 def run_round(server: Server, clients: dict[str, SiloClient], sampled: list[str], round_idx: int, seed: int,
               progress: Progress | None = None) -> dict:
     """Send, train, receive, aggregate. Returns the round record (without evaluation)."""
     start = time.perf_counter()
-    server.begin_round()
+    server.begin_round(round_idx)
+    for client in clients.values():
+        client.store.set_round(round_idx)
     for name in sampled:
         client = clients[name]
         if progress:
             progress.begin(f"round {round_idx} · {name}", client.planned_steps())
-        update = client.fit(round_idx, server.payload(), seed, on_step=progress.advance if progress else None)
+        update = client.fit(round_idx, server.payload(name), seed, on_step=progress.advance if progress else None)
         reason = server.receive(name, update)
         if reason and progress:
-            progress.log(f"[yellow]round {round_idx}: rejected {name}: {reason}")
+            progress.warn(f"round {round_idx}: rejected {name}: {reason}")
     record = server.end_round()
     record.update(round=round_idx, sampled=sampled, missing=[])
-    record["bytes_up"] = sum(c["bytes_up"] for c in record["clients"].values())
-    record["bytes_down"] = sum(c["bytes_down"] for c in record["clients"].values())
     record["seconds"] = time.perf_counter() - start
     return record
 
 
 class LocalEngine:
-    def __init__(self, cfg: RunConfig, task, model: torch.nn.Module) -> None:
-        self.cfg, self.task, self.model = cfg, task, model
-        plan = exchange_plan(cfg)
-        params = dict(model.named_parameters())
-        _, private = plan.split(params)
-        private_init = {k: params[k].detach() for k in private}
-        self.clients = {name: SiloClient(name, i, examples, task.collate, ccfg, model, plan, private_init)
+    def __init__(self, cfg: RunConfig, task, model: torch.nn.Module, store: ClientStore) -> None:
+        self.cfg, self.task, self.model, self.store = cfg, task, model, store
+        initial = initial_private(model, exchange_plan(cfg))
+        self.clients = {name: build_client(cfg, task, model, store, name, i, examples, ccfg, initial)
                         for i, (name, examples, ccfg) in enumerate(members(cfg, task))}
 
     @property
@@ -70,22 +52,32 @@ class LocalEngine:
     def train_round(self, server: Server, sampled: list[str], round_idx: int, progress: Progress | None) -> dict:
         return run_round(server, self.clients, sampled, round_idx, self.cfg.seed, progress)
 
-    def evaluate(self, server: Server, split: str, progress: Progress | None, with_exec: bool = False) -> dict:
-        """The global model (plus each silo's private tensors, if any) on every silo's `split`."""
+    def evaluate(self, server: Server, split: str, progress: Progress | None, final: bool = False) -> list[dict]:
+        """Each silo's model (the global tensors with what the silo keeps) on that silo's `split`."""
         task = self.task
         if progress:
-            progress.begin(f"evaluating on {split}", sum(len(task.examples(s, split)) for s in task.silos))
-        per_silo = {}
-        for silo in task.silos:
-            client = self.clients.get(silo)
-            load_tensors(self.model, server.params, client.private if client else {})
-            per_silo.update(task.evaluate(self.model, split, [silo], progress=progress,
-                                          with_exec=with_exec)["per_silo"])
-        return per_silo
+            progress.begin(f"evaluating on {split}", sum(len(task.examples(c, split)) for c in task.clients))
+        rows = []
+        for name in task.clients:
+            client = self.clients.get(name)
+            if client is not None:
+                client.load_for_eval(server.params)
+            else:  # centralized: the pooled model
+                load_tensors(self.model, server.params)
+            rows += task.evaluate(self.model, name, split, progress=progress, final=final)
+        return rows
+
+    def set_round(self, round_idx: int) -> None:
+        self.store.set_round(round_idx)
+
+    def after_checkpoint(self, keep: list[int]) -> None:
+        self.store.prune(keep)
+
+    def truncate(self, last_round: int) -> None:
+        self.store.truncate(last_round)
 
     def state_dict(self) -> dict:
-        return {n: c.state_dict() for n, c in self.clients.items()}
+        return {"store": self.store.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        for name, c in self.clients.items():
-            c.load_state_dict(state[name])
+        self.store.load_state_dict(state["store"])

@@ -75,8 +75,18 @@ def _minilm2bert(cfg: ModelConfig, tokenizer) -> PreTrainedModel:
 
 
 def build_seq2seq(cfg: ModelConfig, seed: int = 0) -> tuple[PreTrainedModel, object]:
-    """(model, tokenizer); the same seed gives the same initial weights."""
-    torch.manual_seed(seed)
+    """(model, tokenizer); the same seed gives the same initial weights (torch's global generator
+    is left as it was)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model, tokenizer = _build(cfg)
+    _set_special_tokens(model, tokenizer)
+    model.to(resolve_device(cfg.device))
+    model.eval()
+    return model, tokenizer
+
+
+def _build(cfg: ModelConfig) -> tuple[PreTrainedModel, object]:
     if cfg.name in BUILTIN:
         tokenizer = AutoTokenizer.from_pretrained(str(minilm_path()))
         model = _tiny_t5(cfg, tokenizer) if cfg.name == "tiny-t5" else _minilm2bert(cfg, tokenizer)
@@ -89,9 +99,6 @@ def build_seq2seq(cfg: ModelConfig, seed: int = 0) -> tuple[PreTrainedModel, obj
             model = AutoModelForSeq2SeqLM.from_pretrained(str(path))
         except (OSError, ValueError) as err:
             raise ConfigError(f"model.name: cannot load a seq2seq checkpoint from {path}: {err}") from None
-    _set_special_tokens(model, tokenizer)
-    model.to(resolve_device(cfg.device))
-    model.eval()
     return model, tokenizer
 
 
@@ -100,6 +107,9 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        return torch.device(name)
+        device = torch.device(name)
     except RuntimeError as err:
         raise ConfigError(f"model.device: {err}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"model.device: {name!r} asked for, but torch sees no CUDA device here")
+    return device

@@ -50,10 +50,13 @@ class RunDir:
 
     def prepare(self, cfg: RunConfig, resume: bool) -> None:
         """Create (fresh run) or check (resume) the directory against the config."""
-        if resume:
-            if not self.config.is_file():
-                raise RunDirError(f"--resume: {self.path} holds no run (no config.toml)")
-            saved = tomllib.loads(self.config.read_text())
+        if self.path.exists() and not self.path.is_dir():
+            raise RunDirError(f"{self.path} is a file, not a run directory")
+        if resume and self.config.is_file():
+            try:
+                saved = tomllib.loads(self.config.read_text())
+            except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+                raise RunDirError(f"{self.config} is not readable: {err}") from None
             if _comparable(saved) != _comparable(cfg.model_dump(exclude_none=True)):
                 raise RunDirError(f"--resume: the config differs from the one in {self.config}; "
                                   "only federation.rounds may change")
@@ -77,13 +80,33 @@ class RunDir:
             fh.flush()
             os.fsync(fh.fileno())
 
+    def read_rounds(self) -> list[dict]:
+        """The complete lines of rounds.jsonl; a partly written last line (what a crash leaves) is
+        ignored, any other bad line is an error naming file and line."""
+        if not self.rounds.exists():
+            return []
+        lines = self.rounds.read_text().split("\n")
+        out = []
+        for i, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                if i == len(lines):  # no newline after it: the writer was cut off
+                    break
+                raise RunDirError(f"{self.rounds}:{i}: malformed line (not JSON)") from None
+            if not isinstance(record, dict) or not isinstance(record.get("round"), int):
+                raise RunDirError(f"{self.rounds}:{i}: not a round record")
+            out.append(record)
+        return out
+
     def truncate_rounds(self, last_round: int) -> None:
         """Forget rounds logged after the checkpoint (they will be run again)."""
         if not self.rounds.exists():
             return
-        keep = [ln for ln in self.rounds.read_text().splitlines() if ln.strip()
-                and json.loads(ln)["round"] <= last_round]
-        atomic_write_bytes(self.rounds, "".join(ln + "\n" for ln in keep).encode())
+        keep = [r for r in self.read_rounds() if r["round"] <= last_round]
+        atomic_write_bytes(self.rounds, "".join(json.dumps(r) + "\n" for r in keep).encode())
 
     def save(self, path: Path, state: dict) -> None:
         tmp = path.with_name(path.name + ".tmp")
@@ -104,5 +127,10 @@ class RunDir:
         atomic_write_bytes(self.results, (json.dumps(results, indent=2) + "\n").encode())
 
     def read_results(self) -> dict | None:
-        return json.loads(self.results.read_text()) if self.results.exists() else None
+        if not self.results.exists():
+            return None
+        try:
+            return json.loads(self.results.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise RunDirError(f"{self.results} is not readable JSON: {err}") from None
 

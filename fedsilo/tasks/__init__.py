@@ -33,6 +33,7 @@ class TaskSettings(BaseModel):
 @dataclass(frozen=True)
 class TaskPlugin:
     build: Callable[..., object]          # (settings, tokenizer, data_dir: Path) -> Task
+    spec: Callable[[], object]            # () -> the task's MetricSpec (lazy: no data needed)
     data: str | None = None               # datafetch manifest name; None: no fetch
     default_model: dict = field(default_factory=dict)  # model config defaults for this task
 

@@ -1,25 +1,22 @@
 """The Flower ClientApp: one silo. It reads only its own data (the SuperNode's node config names
-it), trains with fedsilo's SiloClient, and keeps its state on the silo's disk, so a message that
-reaches a fresh process continues where the last one stopped."""
+it), trains with fedsilo's SiloClient, and keeps its state in a client store on the silo's own disk,
+so a message that reaches a fresh process continues where the last one stopped."""
 from __future__ import annotations
 
 import hashlib
-import io
 import tempfile
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedsilo.client.silo import SiloClient
+from fedsilo.client.store import DiskStore
 from fedsilo.config import ConfigError, RunConfig, validate
-from fedsilo.engines.local import exchange_plan, load_tensors
-from fedsilo.runs.rundir import atomic_write_bytes
 
-from .codec import eval_row_to_metrics, from_arrays, update_to_content
+from .codec import from_arrays, rows_to_record, update_to_content
 
 app = ClientApp()
 
@@ -30,21 +27,7 @@ class Silo:
     name: str
     task: object
     client: SiloClient
-    state_dir: Path
-
-    def state_path(self, round_idx: int) -> Path:
-        return self.state_dir / f"round-{round_idx:05d}.pt"
-
-    def restore(self, before_round: int) -> None:
-        """Private tensors and step count as they were after the last round before `before_round`."""
-        saved = sorted(p for p in self.state_dir.glob("round-*.pt") if int(p.stem[6:]) < before_round)
-        if saved:
-            self.client.load_state_dict(torch.load(saved[-1], weights_only=True))
-
-    def persist(self, round_idx: int) -> None:
-        buf = io.BytesIO()
-        torch.save(self.client.state_dict(), buf)
-        atomic_write_bytes(self.state_path(round_idx), buf.getvalue())
+    store: DiskStore
 
 
 _SILOS: dict[tuple, Silo] = {}
@@ -52,19 +35,22 @@ _SILOS: dict[tuple, Silo] = {}
 
 def silo_name(cfg: RunConfig, node_config: dict) -> str:
     """Deployment: node config `silo`; simulation: the virtual node's partition id."""
+    names = cfg.task.client_names()
     if "silo" in node_config:
         name = str(node_config["silo"])
     elif "partition-id" in node_config:
-        name = cfg.task.silos[int(node_config["partition-id"])]
+        name = names[int(node_config["partition-id"])]
     else:
         raise ConfigError("this SuperNode has no node config `silo` (e.g. --node-config 'silo=\"yelp\"')")
-    if name not in cfg.task.silos:
-        raise ConfigError(f"SuperNode silo {name!r} is not in the run's task.silos {cfg.task.silos}")
+    if name not in names:
+        raise ConfigError(f"SuperNode silo {name!r} is not one of the run's clients {names}")
     return name
 
 
 def silo_for(message: Message, context: Context) -> Silo:
     """Build (once per process) this silo's task, model and client from the run's config."""
+    from fedsilo.runs.build import build_client, build_model, build_task, exchange_plan, initial_private
+
     conf = message.content["config"]
     text = str(conf["config"])
     cfg = validate(tomllib.loads(text), "config from the ServerApp")
@@ -73,17 +59,14 @@ def silo_for(message: Message, context: Context) -> Silo:
     root = context.node_config.get("state-dir") or Path(tempfile.gettempdir()) / "fedsilo-flower-state" / name
     key = (hashlib.sha256(text.encode()).hexdigest(), str(conf["run-key"]), name, data_dir, str(root))
     if key not in _SILOS:
-        from fedsilo.runs.runner import build_task
-        own = cfg.model_copy(update={"task": cfg.task.model_copy(update={"silos": [name], "data_dir": data_dir})})
-        task, model = build_task(own)
-        plan = exchange_plan(cfg)
-        params = dict(model.named_parameters())
-        _, private = plan.split(params)
-        client = SiloClient(name, cfg.task.silos.index(name), task.examples(name, "train"), task.collate,
-                            cfg.client_config(name), model, plan, {k: params[k].detach() for k in private})
-        state_dir = Path(root) / str(conf["run-key"])
-        state_dir.mkdir(parents=True, exist_ok=True)
-        _SILOS[key] = Silo(cfg, name, task, client, state_dir)
+        own = cfg.model_copy(update={"task": cfg.task.model_copy(update={"data_dir": data_dir})})
+        model, tokenizer = build_model(own)
+        task = build_task(own, tokenizer, clients=[name])
+        store = DiskStore(Path(root) / str(conf["run-key"]))
+        client = build_client(cfg, task, model, store, name, cfg.task.client_names().index(name),
+                              task.examples(name, "train"), cfg.client_config(name),
+                              initial_private(model, exchange_plan(cfg)))
+        _SILOS[key] = Silo(cfg, name, task, client, store)
     return _SILOS[key]
 
 
@@ -98,11 +81,12 @@ def describe(message: Message, context: Context) -> Message:
 @app.train()
 def train(message: Message, context: Context) -> Message:
     silo = silo_for(message, context)
-    round_idx = int(message.content["config"]["round"])
-    silo.restore(before_round=round_idx)
-    shared = from_arrays(message.content["arrays"])
-    update = silo.client.fit(round_idx, shared, silo.cfg.seed)
-    silo.persist(round_idx)
+    conf = message.content["config"]
+    round_idx = int(conf["round"])
+    silo.store.truncate(round_idx - 1)  # state of an unfinished earlier attempt at this round
+    silo.store.prune([int(r) for r in conf["keep"]] + [round_idx - 1])
+    silo.store.set_round(round_idx)
+    update = silo.client.fit(round_idx, from_arrays(message.content["arrays"]), silo.cfg.seed)
     return Message(update_to_content(update, silo.name), reply_to=message)
 
 
@@ -110,9 +94,8 @@ def train(message: Message, context: Context) -> Message:
 def evaluate(message: Message, context: Context) -> Message:
     silo = silo_for(message, context)
     conf = message.content["config"]
-    silo.restore(before_round=int(conf["state-round"]) + 1)
-    load_tensors(silo.client.model, from_arrays(message.content["arrays"]), silo.client.private)
-    row = silo.task.evaluate(silo.client.model, str(conf["split"]), [silo.name],
-                             with_exec=bool(conf["with-exec"]))["per_silo"][silo.name]
-    return Message(RecordDict({"metrics": eval_row_to_metrics(row), "silo": ConfigRecord({"name": silo.name})}),
+    silo.store.set_round(int(conf["state-round"]))
+    silo.client.load_for_eval(from_arrays(message.content["arrays"]))
+    rows = silo.task.evaluate(silo.client.model, silo.name, str(conf["split"]), final=bool(conf["final"]))
+    return Message(RecordDict({"rows": rows_to_record(rows), "silo": ConfigRecord({"name": silo.name})}),
                    reply_to=message)

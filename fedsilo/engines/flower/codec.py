@@ -1,7 +1,7 @@
-"""fedsilo values ⇄ Flower records. Only tensors and numbers cross the wire, never text."""
+"""fedsilo values ⇄ Flower records. Only tensors and numbers cross the wire, never client text."""
 from __future__ import annotations
 
-import math
+import json
 
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
@@ -23,7 +23,7 @@ def carried_bytes(record: ArrayRecord) -> int:
     return sum(len(a.data) for a in record.values())
 
 
-def _num(x: float) -> float:
+def _num(x: float | None) -> float:
     return float("nan") if x is None else float(x)
 
 
@@ -32,9 +32,9 @@ def update_to_content(update: ClientUpdate, silo: str) -> RecordDict:
     return RecordDict({
         "arrays": to_arrays(update.tensors),
         "metrics": MetricRecord({
-            "n_examples": update.n_examples, "delta_loss": _num(update.delta_loss),
-            "mean_loss": _num(update.mean_loss), "steps": update.steps, "seconds": update.seconds,
+            "n_examples": update.n_examples, "steps": update.steps, "seconds": update.seconds,
             "loss_steps": [int(s) for s in steps], "loss_values": [float(v) for v in values],
+            **{f"stat:{k}": _num(v) for k, v in update.stats.items()},
         }),
         "silo": ConfigRecord({"name": silo}),
     })
@@ -44,19 +44,21 @@ def content_to_update(content: RecordDict) -> ClientUpdate:
     m = content["metrics"]
     return ClientUpdate(
         tensors=from_arrays(content["arrays"]), n_examples=int(m["n_examples"]),
-        delta_loss=float(m["delta_loss"]), mean_loss=float(m["mean_loss"]), steps=int(m["steps"]),
+        stats={k[5:]: float(v) for k, v in m.items() if k.startswith("stat:")},
+        steps=int(m["steps"]),
         losses=list(zip((int(s) for s in m["loss_steps"]), (float(v) for v in m["loss_values"]))),
         seconds=float(m["seconds"]),
     )
 
 
-def eval_row_to_metrics(row: dict) -> MetricRecord:
-    """A silo's evaluation row (em, correct, n, exec, loss) as numbers; a missing exec is NaN."""
-    return MetricRecord({k: float("nan") if row.get(k) is None else float(row[k])
-                         for k in ("em", "correct", "n", "exec", "loss")})
+def rows_to_record(rows: list[dict]) -> ConfigRecord:
+    """Evaluation rows (client, task, numeric statistics) — names and numbers only."""
+    for row in rows:
+        for key, value in row["stats"].items():
+            if not isinstance(value, (int, float, list)):
+                raise TypeError(f"evaluation statistic {key!r} is not a number")
+    return ConfigRecord({"rows": json.dumps(rows)})
 
 
-def metrics_to_eval_row(m: MetricRecord) -> dict:
-    row = {k: float(m[k]) for k in ("em", "loss")}
-    row.update(correct=int(m["correct"]), n=int(m["n"]), exec=None if math.isnan(m["exec"]) else float(m["exec"]))
-    return row
+def record_to_rows(record: ConfigRecord) -> list[dict]:
+    return json.loads(str(record["rows"]))

@@ -5,9 +5,15 @@ would be on the silo's own machine; the ServerApp runs under the SuperLink and n
 Every process gets its own process group, so `stop` also ends the ClientApp/ServerApp
 subprocesses Flower starts. docs/flower.md shows the same on separate machines with TLS and
 SuperNode authentication.
+
+Flower's processes run with the work folder as their working directory, so every path handed to
+them (work folder, app folder, config, run directory, data and state folders) is made absolute.
+While a run goes on, `run` prints one line per finished round from the run's `rounds.jsonl`.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import signal
@@ -15,8 +21,10 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 APP_PYPROJECT = """\
 [project]
@@ -41,22 +49,142 @@ set = ""
 """
 
 
+class DeploymentError(RuntimeError):
+    """A deployment that could not start or ended without results; the message quotes its log."""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def wait_for_port(port: int, timeout: float, proc: subprocess.Popen) -> None:
+def wait_for_port(port: int, timeout: float, proc: subprocess.Popen, log: Path | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"process {proc.args[0]} exited with code {proc.returncode} before listening")
+            raise DeploymentError(f"process {proc.args[0]} exited with code {proc.returncode} before listening"
+                                  + (log_tail(log) if log else ""))
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return
         time.sleep(0.2)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
+    raise DeploymentError(f"nothing listens on 127.0.0.1:{port} after {timeout}s" + (log_tail(log) if log else ""))
+
+
+def log_tail(log: Path, lines: int = 12) -> str:
+    """`; last lines of LOG:` and its last non-empty lines, indented (for an error message)."""
+    try:
+        text = Path(log).read_text(errors="replace")
+    except OSError:
+        return f"; no log at {log}"
+    tail = [ln.rstrip() for ln in text.splitlines() if ln.strip()][-lines:]
+    if not tail:
+        return f"; {log} is empty"
+    return f"; last lines of {log}:\n" + "\n".join("    " + ln for ln in tail)
+
+
+def config_value(value: str | Path) -> str:
+    """A string for Flower's `--run-config` / `--node-config` (`key=VALUE` pairs, values read as TOML)."""
+    text = str(value)
+    if '"' not in text:
+        return '"' + text.replace("\\", "\\\\") + '"'
+    if "'" not in text:
+        return "'" + text + "'"
+    raise DeploymentError(f"{text!r}: Flower's config strings cannot hold both kinds of quotes")
+
+
+def total_rounds(config: Path, overrides: list[str] = ()) -> int | None:
+    """`federation.rounds` of a run's config (with `--set` overrides), None if it cannot be read."""
+    rounds = None
+    try:
+        rounds = tomllib.loads(Path(config).read_text()).get("federation", {}).get("rounds")
+    except (OSError, tomllib.TOMLDecodeError, AttributeError):
+        pass
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if key.strip() == "federation.rounds":
+            rounds = value.strip()
+    try:
+        return int(rounds) if rounds is not None else None
+    except ValueError:
+        return None
+
+
+class RoundsPrinter:
+    """Follows a run's `rounds.jsonl` while the ServerApp appends to it: `poll` prints one line per
+    newly finished round (time, dev score) plus one per silo rejected or missing in it.
+
+    A partly written last line is left until its newline arrives; a rewritten file (a resumed run
+    truncates it atomically) is read again from its start, and lines already printed — or present
+    before the run started, with `skip_existing` — are not printed again.
+    """
+
+    def __init__(self, path: Path, total: int | None = None, stream: TextIO | None = None,
+                 skip_existing: bool = True) -> None:
+        self.path, self.total, self.stream = Path(path), total, stream
+        self._pos, self._ident, self._seen = 0, None, set()
+        if skip_existing:
+            self._read_new_lines()
+
+    def _read_new_lines(self) -> list[str]:
+        try:
+            with open(self.path, "rb") as fh:
+                st = os.fstat(fh.fileno())
+                if (st.st_dev, st.st_ino) != self._ident or st.st_size < self._pos:
+                    self._ident, self._pos = (st.st_dev, st.st_ino), 0  # a new or rewritten file
+                fh.seek(self._pos)
+                data = fh.read()
+        except FileNotFoundError:
+            return []
+        end = data.rfind(b"\n") + 1  # only complete lines; the rest waits for its newline
+        self._pos += end
+        fresh = []
+        for raw in data[:end].splitlines():
+            key = hashlib.sha1(raw).digest()
+            if raw.strip() and key not in self._seen:
+                self._seen.add(key)
+                fresh.append(raw.decode("utf-8", errors="replace"))
+        return fresh
+
+    def poll(self) -> list[str]:
+        """Print (and return) the lines for rounds finished since the last call."""
+        out = []
+        for line in self._read_new_lines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # not a record (a complete line is never partly written by the ServerApp)
+            if isinstance(record, dict):
+                out += self.describe(record)
+        stream = self.stream or sys.stderr
+        for text in out:
+            print(text, file=stream, flush=True)
+        return out
+
+    def describe(self, record: dict) -> list[str]:
+        """`round 2/6 done in 31.0s, dev score 12.50`, then `  rejected X: why` / `  missing Y: why`."""
+        r = record.get("round", "?")
+        head = f"round {r}/{self.total}" if self.total else f"round {r}"
+        seconds = record.get("seconds")
+        if isinstance(seconds, (int, float)):
+            head += f" done in {seconds:.1f}s"
+        else:
+            head += " done"
+        dev = record.get("dev")
+        if isinstance(dev, dict) and isinstance(dev.get("score"), (int, float)):
+            head += f", dev score {dev['score']:.2f}"
+        lines = [head]
+        clients = record.get("clients")
+        for silo, entry in (clients.items() if isinstance(clients, dict) else ()):
+            if isinstance(entry, dict) and entry.get("rejected"):
+                lines.append(f"  rejected {silo}: {entry['rejected']}")
+        reasons = record.get("missing_reasons")
+        reasons = reasons if isinstance(reasons, dict) else {}
+        for silo in record.get("missing") or ():
+            why = reasons.get(silo)
+            lines.append(f"  missing {silo}: {why}" if why else f"  missing {silo}")
+        return lines
 
 
 def flower_env(home: Path) -> dict[str, str]:
@@ -75,12 +203,21 @@ class LocalDeployment:
     fleet_port: int | None = None  # where SuperNodes connect, if not the SuperLink's port (a relay)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # Flower's processes run in the work folder: a relative path would be read from there.
+        self.workdir = Path(self.workdir).resolve()
+        self.silos = {silo: Path(data).resolve() for silo, data in self.silos.items()}
+
     @property
     def home(self) -> Path:
         return self.workdir / "flwr-home"
 
+    def log(self, name: str) -> Path:
+        """The log file of one process: superlink, supernode-SILO, flwr-run."""
+        return self.workdir / f"{name}.log"
+
     def _start(self, name: str, cmd: list[str]) -> subprocess.Popen:
-        log = open(self.workdir / f"{name}.log", "w")
+        log = open(self.log(name), "w")
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=flower_env(self.home),
                                 start_new_session=True, cwd=self.workdir)
         self.procs[name] = proc
@@ -94,7 +231,7 @@ class LocalDeployment:
         bin_dir = Path(sys.executable).parent
         link = self._start("superlink", [str(bin_dir / "flower-superlink"), "--insecure", "--host", "127.0.0.1",
                                          "--port", str(self.port), "--disable-runtime-dependency-installation"])
-        wait_for_port(self.port, 60, link)
+        wait_for_port(self.port, 60, link, self.log("superlink"))
         for silo, data in self.silos.items():
             self.start_supernode(silo, data)
         return self
@@ -115,7 +252,8 @@ class LocalDeployment:
     def start_supernode(self, silo: str, data: Path) -> subprocess.Popen:
         state = self.workdir / "state" / silo
         state.mkdir(parents=True, exist_ok=True)
-        node_config = f'silo="{silo}" data-dir="{data}" state-dir="{state}"'
+        node_config = (f"silo={config_value(silo)} data-dir={config_value(Path(data).resolve())} "
+                       f"state-dir={config_value(state)}")
         return self._start(f"supernode-{silo}", [
             str(Path(sys.executable).parent / "flower-supernode"), "--insecure",
             "--superlink", f"127.0.0.1:{self.fleet_port or self.port}", "--port", str(free_port()), "--node-config", node_config])
@@ -128,26 +266,38 @@ class LocalDeployment:
 
     def submit(self, config: Path, out: Path, overrides: list[str] = (), resume: bool = False) -> subprocess.Popen:
         """`flwr run` the fedsilo app with this config, streaming the run's log to `flwr-run.log`."""
-        run_config = (f'config="{Path(config).resolve()}" out="{Path(out).resolve()}" '
-                      f'resume={"true" if resume else "false"} set="{";".join(overrides)}"')
+        run_config = (f"config={config_value(Path(config).resolve())} out={config_value(Path(out).resolve())} "
+                      f"resume={'true' if resume else 'false'} set={config_value(';'.join(overrides))}")
         cmd = [str(Path(sys.executable).parent / "flwr"), "run", str(self.write_app()), "local",
                "--run-config", run_config, "--stream"]
         return self._start("flwr-run", cmd)
 
     def run(self, config: Path, out: Path, overrides: list[str] = (), resume: bool = False,
-            timeout: float | None = None) -> None:
-        """Submit and wait until the run has written its results (the log stream may outlive it)."""
+            timeout: float | None = None, progress: bool = True, stream: TextIO | None = None) -> None:
+        """Submit and wait until the run has written its results (the log stream may outlive it).
+
+        With `progress`, a line per finished round goes to `stream` (stderr by default). A run that
+        ends without results raises `DeploymentError` quoting the end of `flwr-run.log`.
+        """
+        out = Path(out).resolve()
+        printer = RoundsPrinter(out / "rounds.jsonl", total_rounds(config, overrides), stream) if progress else None
         proc = self.submit(config, out, overrides, resume)
-        results = Path(out) / "results.json"
+        results = out / "results.json"
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not results.exists():
-            if proc.poll() is not None and not results.exists():
-                time.sleep(1)  # the stream may end just before the file lands
-                if not results.exists():
-                    raise RuntimeError(f"the Flower run ended without results; see {self.workdir}/*.log")
-            if deadline and time.monotonic() > deadline:
-                raise TimeoutError(f"no results in {out} after {timeout}s; see {self.workdir}/*.log")
-            time.sleep(0.5)
+        try:
+            while not results.exists():
+                if printer:
+                    printer.poll()
+                if proc.poll() is not None and not results.exists():
+                    time.sleep(1)  # the stream may end just before the file lands
+                    if not results.exists():
+                        raise DeploymentError("the Flower run ended without results" + log_tail(self.log("flwr-run")))
+                if deadline and time.monotonic() > deadline:
+                    raise TimeoutError(f"no results in {out} after {timeout}s; see {self.workdir}/*.log")
+                time.sleep(0.5)
+        finally:
+            if printer:
+                printer.poll()  # the last rounds, also when the run failed
 
     def kill(self, name: str) -> None:
         """End one process (and its children) abruptly, as a crashed machine would."""

@@ -15,7 +15,7 @@ from fedsilo.config import ConfigError, RunConfig, load_config, to_toml
 from fedsilo.progress import Progress
 from fedsilo.server import Server
 
-from .codec import carried_bytes, content_to_update, metrics_to_eval_row, to_arrays
+from .codec import carried_bytes, content_to_update, record_to_rows, to_arrays
 
 
 class FlowerEngine:
@@ -33,7 +33,7 @@ class FlowerEngine:
 
     def _discover(self) -> dict[str, int]:
         """silo name → node id, asking every connected SuperNode which silo it holds."""
-        want, deadline = len(self.cfg.task.silos), time.monotonic() + self.cfg.flower.connect_timeout
+        want, deadline = len(self.client_names), time.monotonic() + self.cfg.flower.connect_timeout
         while len(node_ids := list(self.grid.get_node_ids())) < want:
             if time.monotonic() > deadline:
                 raise ConfigError(f"only {len(node_ids)} of {want} SuperNodes connected within "
@@ -46,21 +46,21 @@ class FlowerEngine:
             if reply.has_error():
                 raise ConfigError(f"SuperNode {reply.metadata.src_node_id} failed to start: {reply.error.reason}")
             nodes[str(reply.content["silo"]["name"])] = reply.metadata.src_node_id
-        missing = [s for s in self.cfg.task.silos if s not in nodes]
+        missing = [s for s in self.client_names if s not in nodes]
         if missing:
             raise ConfigError(f"no SuperNode holds silo(s) {missing}")
         return nodes
 
     @property
     def client_names(self) -> list[str]:
-        return list(self.cfg.task.silos)
+        return self.cfg.task.client_names()
 
-    def _exchange(self, silos: list[str], message_type: str, content: RecordDict, group: str):
+    def _exchange(self, silos: list[str], message_type: str, contents: dict[str, RecordDict], group: str):
         """Send to the silos' nodes (with retries); returns ({silo: reply}, {silo: why missing})."""
         replies, missing = {}, {}
         pending = list(silos)
         for _ in range(1 + self.cfg.flower.retries):
-            msgs = [Message(content, dst_node_id=self.nodes[s], message_type=message_type, group_id=group)
+            msgs = [Message(contents[s], dst_node_id=self.nodes[s], message_type=message_type, group_id=group)
                     for s in pending]
             # Replies are matched by message id: for a lost node the SuperLink itself answers with an error.
             waiting = dict(zip(self.grid.push_messages(msgs), pending))
@@ -87,70 +87,83 @@ class FlowerEngine:
 
     def train_round(self, server: Server, sampled: list[str], round_idx: int, progress: Progress | None) -> dict:
         start = time.perf_counter()
-        server.begin_round()
-        arrays = to_arrays(server.payload())
-        content = RecordDict({"arrays": arrays, "config": self._config(round=round_idx)})
+        server.begin_round(round_idx)
         if progress:
             progress.begin(f"round {round_idx} · {len(sampled)} silos over Flower", len(sampled))
-        replies, missing = self._exchange(sampled, "train", content, str(round_idx))
+        config = self._config(round=round_idx, keep=list(self.keep))
+        contents, sent = {}, {}
+        for silo in sampled:  # each client its own payload (download policies differ per client)
+            sent[silo] = to_arrays(server.payload(silo))
+            contents[silo] = RecordDict({"arrays": sent[silo], "config": config})
+        replies, missing = self._exchange(sampled, "train", contents, str(round_idx))
         flower_bytes = {}
         for silo in sampled:
             if silo in replies:
                 reply = replies[silo].content
                 reason = server.receive(silo, content_to_update(reply))
-                flower_bytes[silo] = (carried_bytes(reply["arrays"]), carried_bytes(arrays))
+                flower_bytes[silo] = (carried_bytes(reply["arrays"]), carried_bytes(sent[silo]))
                 if reason and progress:
-                    progress.log(f"[yellow]round {round_idx}: rejected {silo}: {reason}")
+                    progress.warn(f"round {round_idx}: rejected {silo}: {reason}")
             if progress:
                 progress.advance()
-        self.state_round = round_idx
         record = server.end_round()
         for silo, (up, down) in flower_bytes.items():
             record["clients"][silo].update(flower_bytes_up=up, flower_bytes_down=down)
-        record.update(round=round_idx, sampled=sampled, missing=sorted(missing),
-                      missing_reasons=missing)
-        record["bytes_up"] = sum(c["bytes_up"] for c in record["clients"].values())
-        record["bytes_down"] = sum(c["bytes_down"] for c in record["clients"].values())
+        record.update(round=round_idx, sampled=sampled, missing=sorted(missing), missing_reasons=missing)
         record["seconds"] = time.perf_counter() - start
         if missing and progress:
-            progress.log(f"[yellow]round {round_idx}: no update from {', '.join(sorted(missing))}")
+            progress.warn(f"round {round_idx}: no update from {', '.join(sorted(missing))}")
         return record
 
-    def evaluate(self, server: Server, split: str, progress: Progress | None, with_exec: bool = False) -> dict:
-        content = RecordDict({"arrays": to_arrays(server.payload()),
-                              "config": self._config(split=split, **{"with-exec": with_exec,
-                                                                     "state-round": self.state_round})})
-        replies, missing = self._exchange(self.client_names, "evaluate", content, f"eval-{split}")
+    def evaluate(self, server: Server, split: str, progress: Progress | None, final: bool = False) -> list[dict]:
+        content = RecordDict({"arrays": to_arrays(server.params),
+                              "config": self._config(split=split, final=final, **{"state-round": self.state_round})})
+        names = self.client_names
+        replies, missing = self._exchange(names, "evaluate", {s: content for s in names}, f"eval-{split}")
         if not replies:
             raise RuntimeError(f"no silo answered the {split} evaluation: {missing}")
         if missing and progress:
-            progress.log(f"[yellow]{split} evaluation without {', '.join(sorted(missing))}")
-        return {s: metrics_to_eval_row(replies[s].content["metrics"]) for s in self.client_names if s in replies}
+            progress.warn(f"{split} evaluation without {', '.join(sorted(missing))}")
+        return [row for s in names if s in replies for row in record_to_rows(replies[s].content["rows"])]
 
-    # Client state lives on the silos' disks, one file per round; the server only remembers which
-    # round's state an evaluation should use (the latest, or the selected round's for the test).
+    # Client state lives in stores on the silos' disks; the server tells them which round's state
+    # to use (evaluation) and which rounds a checkpoint still refers to (they prune the rest).
     state_round = 0
+    keep: tuple[int, ...] = ()
+
+    def set_round(self, round_idx: int) -> None:
+        self.state_round = round_idx
+
+    def truncate(self, last_round: int) -> None:
+        """Silos drop state newer than the round a train message continues from."""
+        self.state_round = last_round
+
+    def after_checkpoint(self, keep: list[int]) -> None:
+        self.keep = tuple(keep)
 
     def state_dict(self) -> dict:
-        return {"state_round": self.state_round}
+        return {"store": {"kind": "flower", "round": self.state_round}}
 
     def load_state_dict(self, state: dict) -> None:
-        self.state_round = int(state["state_round"])
+        self.state_round = int(state["store"]["round"])
 
 
 def serve(grid: Grid, cfg: RunConfig, out: Path, resume: bool, show_progress: bool = True) -> dict:
     """The whole run (rounds, selection, test, report) with Flower carrying the messages."""
-    from fedsilo.models.seq2seq import build_seq2seq
+    from fedsilo.runs.build import build_model, build_server
     from fedsilo.runs.report import write_report
     from fedsilo.runs.rundir import RunDir
-    from fedsilo.runs.runner import build_server, run_federation
+    from fedsilo.runs.runner import run_federation
+    from fedsilo.tasks import TASKS
 
     run = RunDir(out)
     run.prepare(cfg, resume)  # fails before any silo is contacted if the run dir is unusable
-    model, _ = build_seq2seq(cfg.model, seed=cfg.seed)
+    model, _ = build_model(cfg)  # the same builder as the silos: initial weights only, no client data
     engine = FlowerEngine(grid, cfg, run_key=run.run_id())
+    spec = TASKS.get(cfg.task.name).spec()
     with Progress(enabled=show_progress) as progress:
-        results = run_federation(cfg, run, engine, build_server(cfg, model), resume, progress)
+        results = run_federation(cfg, run, engine, build_server(cfg, model), spec, cfg.task.name, resume,
+                                 progress)
     write_report(out)
     return results
 

@@ -18,7 +18,7 @@ def run_simulation(cfg: RunConfig, out: Path, resume: bool = False, show_progres
     flwr_run_simulation(
         server_app=make_server_app(cfg, Path(out), resume, show_progress),
         client_app=client_app,
-        num_supernodes=len(cfg.task.silos),
+        num_supernodes=len(cfg.task.client_names()),
         backend_config={"client_resources": {"num_cpus": cfg.flower.num_cpus, "num_gpus": 0.0},
                         "init_args": {"num_cpus": max(1, os.cpu_count() or 1), "include_dashboard": False}},
     )

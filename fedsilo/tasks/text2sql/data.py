@@ -13,15 +13,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedsilo.config import TASK_SILOS
 from fedsilo.datafetch import DataError
+from fedsilo.tasks.text2sql.plugin import SILOS
 
 __all__ = [
     "SILOS", "DISPLAY", "SPLITS", "DataError", "Example", "substitute",
     "serialize_schema", "normalise_text", "normalise_sql", "load_silo",
 ]
 
-SILOS = TASK_SILOS["text2sql"]
 DISPLAY = {
     "advising": "Advising", "atis": "ATIS", "geography": "GeoQuery", "restaurants": "Restaurants",
     "scholar": "Scholar", "academic": "Academic", "imdb": "IMDB", "yelp": "Yelp",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from fedsilo.tasks.text2sql.data import DataError, normalise_sql
 
-__all__ = ["EXEC_DB", "exact_match", "summarize", "sql_for_execution", "execution_match"]
+__all__ = ["EXEC_DB", "exact_match", "sql_for_execution", "execution_match"]
 
 EXEC_DB = {"geography": "geography-db.added-in-2020.sqlite"}
 """Silo -> SQLite file (in the text2sql data folder) usable for execution match.
@@ -44,25 +44,6 @@ _ALLOWED_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_F
 def exact_match(pred: str, gold: str) -> bool:
     """Equality of the canonical forms (case, spacing around punctuation ignored)."""
     return normalise_sql(pred) == normalise_sql(gold)
-
-
-def summarize(correct: dict[str, list[bool]]) -> dict:
-    """Per-silo accuracy (%) plus macro (mean over silos) and micro (pooled) averages."""
-    if not correct:
-        raise ValueError("summarize: no silos given")
-    per_silo = {}
-    for silo, flags in correct.items():
-        if not flags:
-            raise ValueError(f"summarize: silo {silo!r} has no examples")
-        hits = sum(bool(f) for f in flags)
-        per_silo[silo] = {"em": 100.0 * hits / len(flags), "correct": hits, "n": len(flags)}
-    total_hits = sum(s["correct"] for s in per_silo.values())
-    total_n = sum(s["n"] for s in per_silo.values())
-    return {
-        "per_silo": per_silo,
-        "macro": sum(s["em"] for s in per_silo.values()) / len(per_silo),
-        "micro": 100.0 * total_hits / total_n,
-    }
 
 
 def sql_for_execution(normalised_sql: str) -> str:

@@ -43,5 +43,10 @@ def _build(settings: Text2SQLSettings, tokenizer, data_dir):
     return Text2SQLTask(settings, tokenizer, data_dir)
 
 
+def _spec():
+    from .task import SPEC
+    return SPEC
+
+
 TASKS.register("text2sql", Text2SQLSettings)(TaskPlugin(
-    build=_build, data="text2sql", default_model={"kind": "seq2seq", "name": "tiny-t5"}))
+    build=_build, spec=_spec, data="text2sql", default_model={"kind": "seq2seq", "name": "tiny-t5"}))

@@ -1,18 +1,79 @@
-"""Text-to-SQL as a fedsilo task: silos, encoding, decoding and metrics. Knows nothing of federation."""
+"""Text-to-SQL as a fedsilo task (the `Task` contract of `fedsilo.tasks.base`). Knows nothing of federation.
+
+A row is one silo. Its stats are additive, so pooling silos (or machines) is exact:
+
+- ``n``: examples evaluated; ``correct``: exact matches of the greedy prediction (canonical SQL form).
+- ``loss_sum``: summed teacher-forced token cross-entropy over the label tokens (target + EOS, as
+  truncated by ``max_target_length``); ``loss_n``: the number of those tokens. The test loss is
+  ``loss_sum / loss_n``: a token-level mean, so a pooled loss is the corpus-level token mean.
+- ``fit``: gold targets whose tokenised length plus EOS is at most ``max_target_length``. Only these
+  can be matched exactly: longer ones are truncated in training and generation is cut at the cap.
+- ``exec_correct`` / ``exec_n`` (only when ``final``, ``exec_accuracy`` is on and the silo has a
+  database, i.e. GeoQuery): predictions returning the gold query's rows, and the examples tried.
+"""
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
-
-from fedsilo.config import TaskConfig
-from fedsilo.progress import Progress
+import torch.nn.functional as F
 
 from .data import DISPLAY, Example, load_silo
-from .metrics import EXEC_DB, exact_match, execution_match, summarize
+from .metrics import EXEC_DB, exact_match, execution_match
+from .plugin import Text2SQLSettings
+
+from fedsilo.tasks.base import Column, Metrics, MetricSpec
+
+__all__ = ["Text2SQLTask", "TargetLengthWarning", "SPEC", "compute_metrics", "train_size"]
+
+SPLITS = ("train", "dev", "test")
+UNFIT_WARN_SHARE = 0.10
+"""Warn when more than this share of a split's targets cannot fit within ``max_target_length``."""
+
+
+class TargetLengthWarning(UserWarning):
+    """Some gold targets are longer than ``max_target_length``: exact match is capped below 100%."""
+
+
+def _pct(num: Any, den: Any) -> float | None:
+    return 100.0 * float(num) / float(den) if den else None
+
+
+def compute_metrics(stats: Mapping[str, Any]) -> Metrics:
+    """em, exec, fit (%) and loss (mean token cross-entropy) from one row's (or pooled) stats."""
+    loss_n = stats.get("loss_n")
+    return {
+        "em": _pct(stats.get("correct", 0), stats.get("n")),
+        "exec": _pct(stats.get("exec_correct", 0), stats.get("exec_n")),
+        "loss": float(stats["loss_sum"]) / float(loss_n) if loss_n else None,
+        "fit": _pct(stats.get("fit", 0), stats.get("n")),
+    }
+
+
+SPEC = MetricSpec(
+    columns=(
+        Column("em", "EM %"),
+        Column("exec", "Exec %", in_macro=False),  # only GeoQuery has a database
+        Column("loss", "test loss", fmt=".3f"),
+        Column("fit", "targets that fit %"),
+    ),
+    compute=compute_metrics,
+    primary="em",
+    higher_is_better=True,
+    tie_break="loss",
+    tie_break_higher_is_better=False,
+    selection="pooled",
+    description=("One row per text-to-SQL silo (database domain): EM and Exec are % of its examples whose "
+                 "greedy prediction matches the gold SQL exactly (canonical form) or returns the same rows "
+                 "(GeoQuery only), test loss is the mean teacher-forced cross-entropy per target token "
+                 "(EOS included), and targets that fit is the % of gold SQL queries short enough "
+                 "(tokens + EOS <= max_target_length) to be matched at all."),
+)
 
 
 def _cap(examples: list[Example], n: int, key: str) -> list[Example]:
@@ -23,7 +84,7 @@ def _cap(examples: list[Example], n: int, key: str) -> list[Example]:
     return [examples[i] for i in sorted(picked)]
 
 
-def train_size(n: int, cfg: TaskConfig) -> int:
+def train_size(n: int, cfg) -> int:
     """Subsampled train size: a share of the silo, kept within [min_train, max_train] (0 = no cap).
 
     A share keeps the silos' size ratios (what size-based weights see); the floor keeps the small
@@ -35,37 +96,51 @@ def train_size(n: int, cfg: TaskConfig) -> int:
 
 
 class Text2SQLTask:
+    """The eight (or a chosen subset of) text-to-SQL silos; one client per silo.
+
+    Construction warns (``warnings.warn``, category :class:`TargetLengthWarning`) once per silo where
+    more than 10% of some split's gold targets do not fit within ``max_target_length``, naming each
+    such split with its count and the cap; the counts are kept in ``fit_counts[silo][split] = (fit, n)``.
+    """
+    name = "text2sql"
+    spec = SPEC
     display = DISPLAY
 
-    def __init__(self, cfg: TaskConfig, tokenizer, data_dir: str | Path) -> None:
-        self.cfg = cfg
+    def __init__(self, settings: Text2SQLSettings, tokenizer, data_dir: str | Path) -> None:
+        self.settings = settings
         self.tokenizer = tokenizer
         self.data_dir = Path(data_dir)
         self.eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
         self.splits: dict[str, dict[str, list[Example]]] = {}
-        for silo in cfg.silos:
+        for silo in settings.silos:
             raw = load_silo(self.data_dir, silo)
             self.splits[silo] = {
-                "train": _cap(raw["train"], train_size(len(raw["train"]), cfg), f"{silo}/train"),
-                "dev": _cap(raw["dev"], cfg.max_eval, f"{silo}/dev"),
-                "test": _cap(raw["test"], cfg.max_eval, f"{silo}/test"),
+                "train": _cap(raw["train"], train_size(len(raw["train"]), settings), f"{silo}/train"),
+                "dev": _cap(raw["dev"], settings.max_eval, f"{silo}/dev"),
+                "test": _cap(raw["test"], settings.max_eval, f"{silo}/test"),
             }
+        # Untruncated target lengths (tokens + EOS), keyed by the canonical SQL text.
+        targets = list(dict.fromkeys(e.sql for parts in self.splits.values() for ex in parts.values() for e in ex))
+        ids = tokenizer(targets, add_special_tokens=False, verbose=False)["input_ids"] if targets else []
+        self._target_len = {sql: len(t) + 1 for sql, t in zip(targets, ids)}
+        self.fit_counts: dict[str, dict[str, tuple[int, int]]] = {
+            silo: {split: (self._fit(ex), len(ex)) for split, ex in parts.items()}
+            for silo, parts in self.splits.items()}
+        self._warn_unfit()
+
+    # ---- the Task contract ---------------------------------------------------------------
 
     @property
-    def silos(self) -> list[str]:
-        return list(self.cfg.silos)
+    def clients(self) -> list[str]:
+        return list(self.settings.silos)
 
-    def examples(self, silo: str, split: str) -> list[Example]:
-        return self.splits[silo][split]
-
-    def _encode_sources(self, batch: Sequence[Example]) -> dict[str, torch.Tensor]:
-        return self.tokenizer([e.source for e in batch], max_length=self.cfg.max_source_length, truncation=True,
-                              padding=True, return_tensors="pt", return_token_type_ids=False)
+    def examples(self, client: str, split: str) -> list[Example]:
+        return self.splits[client][split]
 
     def collate(self, batch: Sequence[Example]) -> dict[str, torch.Tensor]:
         """Inputs and labels (target + EOS, padding = -100) for a seq2seq loss."""
         enc = self._encode_sources(batch)
-        limit = self.cfg.max_target_length - 1
+        limit = self.settings.max_target_length - 1
         targets = self.tokenizer([e.sql for e in batch], add_special_tokens=False, truncation=True,
                                  max_length=limit)["input_ids"]
         rows = [t + [self.eos] for t in targets]
@@ -76,48 +151,87 @@ class Text2SQLTask:
         enc["labels"] = labels
         return enc
 
-    @torch.no_grad()
-    def predict(self, model, examples: Sequence[Example], progress: Progress | None = None) -> list[str]:
-        """Greedy decoding, as the paper evaluates."""
-        model.eval()
-        out: list[str] = []
-        bs = self.cfg.eval_batch_size
-        for i in range(0, len(examples), bs):
-            enc = self._encode_sources(examples[i:i + bs]).to(model.device)
-            ids = model.generate(**enc, max_new_tokens=self.cfg.max_target_length, num_beams=1, do_sample=False)
-            out += self.tokenizer.batch_decode(ids, skip_special_tokens=True)
-            if progress:
-                progress.advance(len(ids))
-        return out
-
-    def evaluate(self, model, split: str, silos: Sequence[str] | None = None,
-                 progress: Progress | None = None, with_exec: bool = False) -> dict:
-        """EM per silo, MacroAvg, MicroAvg; execution accuracy where a database exists."""
-        silos = list(silos or self.silos)
-        correct: dict[str, list[bool]] = {}
-        executed: dict[str, float] = {}
-        for silo in silos:
-            examples = self.examples(silo, split)
-            preds = self.predict(model, examples, progress)
-            correct[silo] = [exact_match(p, e.sql) for p, e in zip(preds, examples)]
-            db = EXEC_DB.get(silo)
-            if with_exec and self.cfg.exec_accuracy and db and examples:
-                hits = [execution_match(p, e.sql, self.data_dir / db) for p, e in zip(preds, examples)]
-                executed[silo] = 100.0 * sum(hits) / len(hits)
-        summary = summarize(correct)
-        for silo, row in summary["per_silo"].items():
-            row["exec"] = executed.get(silo)
-            row["loss"] = self.mean_loss(model, self.examples(silo, split))
-        return summary
+    def loss(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {"task": model(**batch).loss}
 
     @torch.no_grad()
-    def mean_loss(self, model, examples: Sequence[Example]) -> float:
-        """Teacher-forced token loss: a graded quality signal while exact match is still flat."""
+    def evaluate(self, model: torch.nn.Module, client: str, split: str, progress=None,
+                 final: bool = False) -> list[dict]:
+        """One row of additive stats for `client`'s `split` (see the module docstring).
+
+        Each batch is encoded once and run through the encoder once; its outputs serve both the
+        teacher-forced loss and greedy decoding (as the paper evaluates)."""
+        examples = self.examples(client, split)
+        db = EXEC_DB.get(client)
+        with_exec = bool(final and self.settings.exec_accuracy and db)
+        stats: dict[str, float] = {"correct": 0.0, "n": 0.0, "loss_sum": 0.0, "loss_n": 0.0,
+                                   "fit": float(self._fit(examples))}
+        if with_exec:
+            stats.update(exec_correct=0.0, exec_n=0.0)
+        was_training = model.training
         model.eval()
-        total, n = 0.0, 0
-        bs = self.cfg.eval_batch_size
-        for i in range(0, len(examples), bs):
-            batch = examples[i:i + bs]
-            total += float(model(**self.collate(batch).to(model.device)).loss) * len(batch)
-            n += len(batch)
-        return total / max(n, 1)
+        try:
+            bs = self.settings.eval_batch_size
+            for i in range(0, len(examples), bs):
+                batch = examples[i:i + bs]
+                loss_sum, loss_n, preds = self._evaluate_batch(model, batch)
+                stats["loss_sum"] += loss_sum
+                stats["loss_n"] += loss_n
+                stats["n"] += len(batch)
+                stats["correct"] += sum(exact_match(p, e.sql) for p, e in zip(preds, batch))
+                if with_exec:
+                    stats["exec_correct"] += sum(execution_match(p, e.sql, self.data_dir / db)
+                                                 for p, e in zip(preds, batch))
+                    stats["exec_n"] += len(batch)
+                if progress is not None:
+                    progress.advance(len(batch))
+        finally:
+            model.train(was_training)
+        return [{"client": client, "task": self.name, "stats": stats}]
+
+    # ---- helpers ---------------------------------------------------------------------------
+
+    def _encode_sources(self, batch: Sequence[Example]) -> dict[str, torch.Tensor]:
+        return self.tokenizer([e.source for e in batch], max_length=self.settings.max_source_length,
+                              truncation=True, padding=True, return_tensors="pt", return_token_type_ids=False)
+
+    def _evaluate_batch(self, model, batch: Sequence[Example]) -> tuple[float, int, list[str]]:
+        """(summed token cross-entropy, label tokens, greedy predictions) from one encoder pass."""
+        enc = self.collate(batch).to(model.device)
+        labels = enc.pop("labels")
+        encoder_outputs = model.get_encoder()(**enc, return_dict=True)
+        out = model(attention_mask=enc["attention_mask"], encoder_outputs=encoder_outputs, labels=labels)
+        logits = out.logits.float()
+        loss_sum = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
+                                   ignore_index=-100, reduction="sum")
+        loss_n = int((labels != -100).sum())
+        ids = model.generate(attention_mask=enc["attention_mask"], encoder_outputs=encoder_outputs,
+                             max_new_tokens=self.settings.max_target_length, num_beams=1, do_sample=False)
+        preds = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+        return float(loss_sum), loss_n, preds
+
+    def target_length(self, example: Example) -> int:
+        """The gold target's token count plus EOS (untruncated)."""
+        n = self._target_len.get(example.sql)
+        if n is None:
+            n = self._target_len[example.sql] = len(
+                self.tokenizer(example.sql, add_special_tokens=False, verbose=False)["input_ids"]) + 1
+        return n
+
+    def _fit(self, examples: Sequence[Example]) -> int:
+        cap = self.settings.max_target_length
+        return sum(self.target_length(e) <= cap for e in examples)
+
+    def _warn_unfit(self) -> None:
+        """One TargetLengthWarning per silo where some split has more than 10% unfit targets."""
+        cap = self.settings.max_target_length
+        for silo, parts in self.fit_counts.items():
+            bad = [(split, *parts[split]) for split in SPLITS
+                   if parts[split][1] and parts[split][1] - parts[split][0] > UNFIT_WARN_SHARE * parts[split][1]]
+            if bad:
+                detail = "; ".join(f"{split} {n - fit} of {n} ({100.0 * (n - fit) / n:.1f}%, EM at most "
+                                   f"{100.0 * fit / n:.1f}%)" for split, fit, n in bad)
+                warnings.warn(
+                    f"text2sql silo {silo} ({DISPLAY[silo]}): gold SQL targets longer than max_target_length "
+                    f"= {cap} tokens (EOS included), which are truncated in training and cannot be matched "
+                    f"exactly: {detail}", TargetLengthWarning, stacklevel=3)

@@ -1,0 +1,118 @@
+"""One place that turns a config into the parts of a run, for every engine.
+
+The in-process engine, the Flower ServerApp (model only: it never opens client data) and the Flower
+ClientApp (one silo's data) all build through these functions, so they start from the same model,
+the same surgery and the same exchange plan.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from fedsilo.client.silo import SiloClient
+from fedsilo.client.store import ClientStore
+from fedsilo.config import RunConfig
+from fedsilo.core.exchange import ExchangePlan
+from fedsilo.core.server_opt import ServerOptimizer
+from fedsilo.core.tensors import Tensors
+from fedsilo.models import MODEL_KINDS, SURGERIES
+from fedsilo.server import Server
+from fedsilo.tasks import TASKS
+
+
+def exchange_plan(cfg: RunConfig) -> ExchangePlan:
+    x = cfg.exchange
+    options = None
+    settings = _selector_settings(x.upload)
+    if settings is not None:
+        options = settings.model_validate(x.upload_options)
+    return ExchangePlan(tuple(x.shared), tuple(x.private), x.upload, options, x.download, x.overwrite)
+
+
+def _selector_settings(name: str):
+    from fedsilo.core.exchange import SELECTORS
+    return SELECTORS.entry(name).settings
+
+
+def model_config(cfg: RunConfig):
+    """The model section with the task's defaults filled in (kind, name)."""
+    defaults = TASKS.get(cfg.task.name).default_model
+    update = {k: v for k, v in defaults.items() if getattr(cfg.model, k) is None}
+    return cfg.model.model_copy(update=update)
+
+
+def build_model(cfg: RunConfig) -> tuple[torch.nn.Module, object]:
+    """(model, tokenizer): the model kind's builder, then the optional surgery, both seeded."""
+    mcfg = model_config(cfg)
+    model, tokenizer = MODEL_KINDS.get(mcfg.kind)(mcfg, cfg.seed)
+    if mcfg.surgery is not None:
+        device = next(model.parameters()).device
+        SURGERIES.get(mcfg.surgery.name)(model, mcfg.surgery.settings(), cfg.seed)
+        model.to(device)
+    model.eval()
+    return model, tokenizer
+
+
+def build_task(cfg: RunConfig, tokenizer, clients: list[str] | None = None):
+    """The task over the config's clients (or only `clients`: a Flower silo loads its own data)."""
+    plugin = TASKS.get(cfg.task.name)
+    settings = cfg.task
+    if clients is not None:
+        settings = settings.model_copy(update={"silos": clients})
+    return plugin.build(settings, tokenizer, plugin.data_dir(settings))
+
+
+def initial_private(model: torch.nn.Module, plan: ExchangePlan) -> Tensors:
+    """Initial values of the private tensors: one copy, the start of every client."""
+    params = dict(model.named_parameters())
+    _, private = plan.split(params)
+    return {k: params[k].detach().clone() for k in private}
+
+
+def check_plan(model: torch.nn.Module, plan: ExchangePlan) -> None:
+    """Globs that match no tensor are a config mistake, not a silent no-op."""
+    from fedsilo.config import ConfigError
+    from fedsilo.core.exchange import matches
+
+    names = [n for n, _ in model.named_parameters()]
+    for key, patterns in (("exchange.shared", plan.shared), ("exchange.private", plan.private)):
+        for p in patterns:
+            if not any(matches(n, [p]) for n in names):
+                raise ConfigError(f"{key}: {p!r} matches no tensor of the model (e.g. {names[0]!r})")
+    if not plan.split(names)[0]:
+        raise ConfigError("exchange: no tensor is shared (every tensor is private)")
+
+
+def build_server(cfg: RunConfig, model: torch.nn.Module) -> Server:
+    """The server over the model's shared tensors, as the config's exchange plan splits them."""
+    plan = exchange_plan(cfg)
+    check_plan(model, plan)
+    params = dict(model.named_parameters())
+    shared, _ = plan.split(params)
+    s = cfg.server
+    opt = ServerOptimizer(s.optimizer, s.effective_lr, s.momentum, s.beta1, s.beta2, s.tau, v0=s.v0,
+                          bias_correction=s.bias_correction)
+    return Server({k: params[k].detach() for k in shared}, opt, cfg.federation.weighting, plan,
+                  cfg.federation.weighting_stat)
+
+
+def members(cfg: RunConfig, task) -> list[tuple[str, list, object]]:
+    """(name, training examples, client config) per participant; one pooled client when centralized."""
+    if cfg.paradigm == "centralized":
+        return [("pooled", [e for c in task.clients for e in task.examples(c, "train")], cfg.client)]
+    return [(c, task.examples(c, "train"), cfg.client_config(c)) for c in task.clients]
+
+
+def build_client(cfg: RunConfig, task, model, store: ClientStore, name: str, index: int, examples,
+                 client_cfg, initial: Tensors) -> SiloClient:
+    from fedsilo.config import ConfigError
+
+    if not examples:
+        raise ConfigError(f"client {name!r} has no training examples")
+    return SiloClient(name, index, examples, task, client_cfg, model, exchange_plan(cfg), store, initial,
+                      persist_optimizer=cfg.persist_optimizer)
+
+
+def store_root(run_path: Path) -> Path:
+    return Path(run_path) / "clients"
