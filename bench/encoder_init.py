@@ -40,14 +40,16 @@ def main() -> None:
         results[model] = run_experiment(cfg, out, show_progress=False)
         seconds[model] = time.perf_counter() - t
         rounds = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
-        dev[model] = [(r["round"], r["dev"]["loss"], r["dev"]["score"]) for r in rounds if r["dev"]]
-        print(f"{model}: test MacroAvg {results[model]['test']['macro']:.2f} ({seconds[model]:.0f}s)", flush=True)
-    silos = list(results[MODELS[0]]["test"]["per_silo"])
-    test_rows = [["model", *(f"{s} EM / loss" for s in silos), "MacroAvg", "wall s"]]
+        dev[model] = [(r["round"], r["dev"]["pooled"]["loss"], r["dev"]["score"]) for r in rounds if r["dev"]]
+        print(f"{model}: test EM macro {results[model]['test']['macro']['em']:.2f} ({seconds[model]:.0f}s)",
+              flush=True)
+    per_silo = {m: {row["client"]: row["metrics"] for row in results[m]["test"]["rows"]} for m in MODELS}
+    silos = list(per_silo[MODELS[0]])
+    test_rows = [["model", *(f"{s} EM / loss" for s in silos), "EM macro", "wall s"]]
     for m in MODELS:
-        ps = results[m]["test"]["per_silo"]
+        ps = per_silo[m]
         test_rows.append([m, *(f"{ps[s]['em']:.1f} / {ps[s]['loss']:.3f}" for s in silos),
-                          f"{results[m]['test']['macro']:.2f}", f"{seconds[m]:.0f}"])
+                          f"{results[m]['test']['macro']['em']:.2f}", f"{seconds[m]:.0f}"])
     dev_rows = [["round", *(f"{m} dev loss / EM" for m in MODELS)]]
     for i, (r, _, _) in enumerate(dev[MODELS[0]]):
         dev_rows.append([str(r), *(f"{dev[m][i][1]:.3f} / {dev[m][i][2]:.1f}" for m in MODELS)])

@@ -16,12 +16,13 @@ import time
 import torch
 
 from fedsilo.client.silo import SiloClient, client_seed
-from fedsilo.client.train import make_optimizer
+from fedsilo.client.optim import make_optimizer
+from fedsilo.client.store import MemoryStore
 from fedsilo.config import validate
 from fedsilo.core.exchange import ExchangePlan
 from fedsilo.core.server_opt import ServerOptimizer
 from fedsilo.engines.local import run_round
-from fedsilo.runs.runner import build_task
+from fedsilo.runs.build import build_model, build_task
 from fedsilo.server import Server
 
 
@@ -29,8 +30,9 @@ def fedsilo_engine(model, task, cfg, init, rounds):
     model.load_state_dict(init)
     params = dict(model.named_parameters())
     server = Server({k: v.detach() for k, v in params.items()}, ServerOptimizer("sgdm"), "lorar")
-    clients = {s: SiloClient(s, i, task.examples(s, "train"), task.collate, cfg.client_config(s), model,
-                             ExchangePlan(), {}) for i, s in enumerate(task.silos)}
+    store = MemoryStore()
+    clients = {s: SiloClient(s, i, task.examples(s, "train"), task, cfg.client_config(s), model,
+                             ExchangePlan(), store, {}) for i, s in enumerate(task.clients)}
     for r in range(1, rounds + 1):
         run_round(server, clients, list(clients), r, cfg.seed)
 
@@ -39,7 +41,7 @@ def bare_loop(model, task, cfg, init, rounds):
     """What a user would write by hand: per silo, per round, plain training steps."""
     model.load_state_dict(init)
     for r in range(1, rounds + 1):
-        for i, silo in enumerate(task.silos):
+        for i, silo in enumerate(task.clients):
             c = cfg.client_config(silo)
             examples = task.examples(silo, "train")
             seed = client_seed(cfg.seed, r, i)
@@ -67,9 +69,10 @@ def main() -> None:
     cfg = validate({"task": {"silos": ["geography", "restaurants", "scholar", "academic"],
                              "max_train": args.max_train, "max_source_length": 128, "max_target_length": 96},
                     "client": {"epochs": 1, "batch_size": 8, "lr": 3e-3}})
-    task, model = build_task(cfg)
+    model, tokenizer = build_model(cfg)
+    task = build_task(cfg, tokenizer)
     init = {k: v.clone() for k, v in model.state_dict().items()}
-    steps = args.rounds * sum(-(-len(task.examples(s, "train")) // 8) for s in task.silos)
+    steps = args.rounds * sum(-(-len(task.examples(s, "train")) // 8) for s in task.clients)
     times = {"fedsilo": [], "bare": []}
     for rep in range(args.repeats):
         for name, fn in (("fedsilo", fedsilo_engine), ("bare", bare_loop)) if rep % 2 == 0 else \
@@ -80,7 +83,7 @@ def main() -> None:
             print(f"  repeat {rep + 1}: {name:8s} {times[name][-1]:.2f}s", flush=True)
     fed, bare = statistics.median(times["fedsilo"]), statistics.median(times["bare"])
     print(f"model: tiny-t5, {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params; "
-          f"{len(task.silos)} silos x {args.rounds} rounds = {steps} local steps per run; threads {torch.get_num_threads()}")
+          f"{len(task.clients)} silos x {args.rounds} rounds = {steps} local steps per run; threads {torch.get_num_threads()}")
     print(f"median wall time: fedsilo {fed:.2f}s, bare loop {bare:.2f}s")
     print(f"overhead ratio fedsilo/bare = {fed / bare:.3f} (target <= 1.05)")
 

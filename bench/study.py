@@ -21,7 +21,7 @@ from fedsilo.runs.report import combine_tables, markdown_table
 from fedsilo.runs.runner import run_experiment
 
 FEDOPT = ["server.optimizer=sgdm", "server.lr=1.0", "server.momentum=0.9"]
-FEDPROX = ["server.optimizer=fedavg", "client.prox_mu=1e-4"]
+FEDPROX = ["server.optimizer=fedavg", "client.regularizers={prox=1e-4}"]
 FEDAVG = ["server.optimizer=fedavg"]
 VARIANTS = {
     "finetune": ["paradigm=finetune"],
@@ -40,12 +40,17 @@ TABLE3 = ["fedopt", "fedopt_lr", "fedopt_equal", "fedopt_lorar"]
 SMALL = ["academic", "imdb", "yelp"]
 
 
+def per_silo(results: dict) -> dict[str, dict]:
+    """Test metrics by silo (the rows of results.json)."""
+    return {row["client"]: row["metrics"] for row in results["test"]["rows"]}
+
+
 def loss_table(results: dict[str, dict]) -> list[list[str]]:
     """Per-silo teacher-forced test loss of the selected model (lower is better)."""
-    silos = list(next(iter(results.values()))["test"]["per_silo"])
+    silos = list(per_silo(next(iter(results.values()))))
     rows = [["", *silos, "mean"]]
     for name, r in results.items():
-        losses = [r["test"]["per_silo"][s].get("loss") for s in silos]
+        losses = [per_silo(r)[s].get("loss") for s in silos]
         rows.append([name, *(f"{v:.3f}" for v in losses), f"{sum(losses) / len(losses):.3f}"])
     return rows
 
@@ -56,15 +61,16 @@ def claims(results: dict[str, dict]) -> list[str]:
         lo = f"{base}_lorar"
         if base not in results or lo not in results:
             continue
-        b, l = results[base]["test"], results[lo]["test"]
-        d_small = sum(l["per_silo"][s]["em"] - b["per_silo"][s]["em"] for s in SMALL) / len(SMALL)
-        others = [s for s in b["per_silo"] if s not in SMALL]
-        d_other = sum(l["per_silo"][s]["em"] - b["per_silo"][s]["em"] for s in others) / len(others)
-        loss_small = sum(l["per_silo"][s]["loss"] - b["per_silo"][s]["loss"] for s in SMALL) / len(SMALL)
-        loss_other = sum(l["per_silo"][s]["loss"] - b["per_silo"][s]["loss"] for s in others) / len(others)
+        b, l = per_silo(results[base]), per_silo(results[lo])
+        mb, ml = results[base]["test"]["macro"]["em"], results[lo]["test"]["macro"]["em"]
+        d_small = sum(l[s]["em"] - b[s]["em"] for s in SMALL) / len(SMALL)
+        others = [s for s in b if s not in SMALL]
+        d_other = sum(l[s]["em"] - b[s]["em"] for s in others) / len(others)
+        loss_small = sum(l[s]["loss"] - b[s]["loss"] for s in SMALL) / len(SMALL)
+        loss_other = sum(l[s]["loss"] - b[s]["loss"] for s in others) / len(others)
         lines.append(
-            f"- {base} → {lo}: MacroAvg {b['macro']:.2f} → {l['macro']:.2f} "
-            f"({'better' if l['macro'] > b['macro'] else 'tie' if l['macro'] == b['macro'] else 'worse'}); "
+            f"- {base} → {lo}: MacroAvg EM {mb:.2f} → {ml:.2f} "
+            f"({'better' if ml > mb else 'tie' if ml == mb else 'worse'}); "
             f"mean EM change on small silos "
             f"{d_small:+.2f} vs other silos {d_other:+.2f}; mean test-loss change small {loss_small:+.3f} "
             f"vs other {loss_other:+.3f} (negative = better)")
@@ -92,8 +98,9 @@ def main() -> None:
         results[name] = run_experiment(cfg, out, show_progress=False)
         seconds[name] = time.perf_counter() - t
         (out / "wall.json").write_text(json.dumps({"seconds": seconds[name]}))
-        print(f"{name}: MacroAvg {results[name]['test']['macro']:.2f} MicroAvg {results[name]['test']['micro']:.2f} "
-              f"({seconds[name]:.0f}s)", flush=True)
+        test = results[name]["test"]
+        print(f"{name}: EM macro {test['macro']['em']:.2f} pooled {test['pooled']['em']:.2f}, "
+              f"test loss pooled {test['pooled']['loss']:.3f} ({seconds[name]:.0f}s)", flush=True)
     doc = ["# Lorar study at bench scale\n",
            f"Command: `python bench/study.py --config {args.config} --out {args.out} --doc {args.doc}`"
            + (f" `--set {' --set '.join(args.set)}`" if args.set else ""),

@@ -171,6 +171,8 @@ class FlowerConfig(Strict):
 
 
 class RunConfig(Strict):
+    plugins: list[str] = Field(default_factory=list, description="modules imported before the config is "
+                               "validated: they register the user's own tasks, policies, hooks")
     name: str = "run"
     seed: int = Field(0, ge=0, lt=2**63)
     paradigm: Literal["federated", "finetune", "centralized"] = "federated"
@@ -272,7 +274,22 @@ def _where_what(err: ValidationError, prefix: str = "") -> str:
     return f"{where}: {msg}{more}"
 
 
+def import_plugins(raw: dict, source: str) -> None:
+    """Import `plugins` (module names) so that what they register is a valid choice."""
+    import importlib
+
+    plugins = raw.get("plugins", [])
+    if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
+        raise ConfigError(f"{source}: plugins: expected a list of module names")
+    for module in plugins:
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise ConfigError(f"{source}: plugins: cannot import {module!r}: {err}") from None
+
+
 def validate(raw: dict, source: str = "config") -> RunConfig:
+    import_plugins(raw, source)
     try:
         return RunConfig.model_validate(raw)
     except ValidationError as err:

@@ -39,14 +39,18 @@ def test_federated_run_three_silos_two_rounds(tmp_path, data_dir):
         assert sum(c["weight"] for c in clients.values()) == pytest.approx(1.0)
         model_bytes = model_bytes or clients["yelp"]["bytes_up"]
         assert all(c["bytes_up"] == c["bytes_down"] == model_bytes for c in clients.values())
-        assert r["dev"] is not None and 0 <= r["dev"]["score"] <= 100
+        dev = r["dev"]  # the selection score is the pooled EM, recomputed from the rows' counts
+        correct = sum(row["stats"]["correct"] for row in dev["rows"])
+        assert dev["score"] == pytest.approx(100 * correct / sum(row["stats"]["n"] for row in dev["rows"]))
     # per-client hyper-parameters: yelp runs 2 local epochs of 12 examples at batch 4
     assert rounds[0]["clients"]["yelp"]["steps"] == 6 and rounds[0]["clients"]["academic"]["steps"] == 3
     # loss steps are cumulative per client across rounds
     assert rounds[1]["clients"]["academic"]["losses"][0][0] == 4
-    assert set(results["test"]["per_silo"]) == {"restaurants", "academic", "yelp"}
-    assert all(row["n"] == 4 for row in results["test"]["per_silo"].values())
+    assert [row["client"] for row in results["test"]["rows"]] == ["restaurants", "academic", "yelp"]
+    assert all(row["stats"]["n"] == 4 for row in results["test"]["rows"])
     assert (tmp_path / "run" / "config.toml").exists() and (tmp_path / "run" / "best.pt").exists()
+    best = max(rounds, key=lambda r: r["dev"]["key"])  # the earliest of equal keys
+    assert results["best_round"] == best["round"]
 
 
 def test_same_seed_is_bit_identical(tmp_path, data_dir):
@@ -68,6 +72,15 @@ def test_resume_equals_uninterrupted(tmp_path, data_dir):
     assert [r["round"] for r in rounds_of(tmp_path / "resumed")] == [1, 2, 3]
     assert [r["clients"]["yelp"]["weight"] for r in rounds_of(tmp_path / "resumed")] == \
         [r["clients"]["yelp"]["weight"] for r in rounds_of(tmp_path / "full")]
+
+
+def test_resume_of_a_finished_run_returns_its_results_without_work(tmp_path, data_dir, monkeypatch):
+    cfg = validate(tiny_config(data_dir, federation={"rounds": 1}))
+    first = run_experiment(cfg, tmp_path / "run", show_progress=False)
+    import fedsilo.engines.local as local
+
+    monkeypatch.setattr(local.LocalEngine, "evaluate", lambda *a, **k: pytest.fail("re-evaluated"))
+    assert run_experiment(cfg, tmp_path / "run", resume=True, show_progress=False) == first
 
 
 def test_interrupted_round_leaves_last_good_checkpoint(tmp_path, data_dir, monkeypatch):
@@ -102,7 +115,7 @@ def test_other_paradigms(tmp_path, data_dir, paradigm):
     cfg = validate(tiny_config(data_dir, federation={"rounds": 1}) | {"paradigm": paradigm})
     results = run_experiment(cfg, tmp_path / "run", show_progress=False)
     assert results["paradigm"] == paradigm
-    assert set(results["test"]["per_silo"]) == {"restaurants", "academic", "yelp"}
+    assert [row["client"] for row in results["test"]["rows"]] == ["restaurants", "academic", "yelp"]
     if paradigm == "finetune":
         for silo in ("restaurants", "academic", "yelp"):
             (line,) = rounds_of(tmp_path / "run" / "silos" / silo)
@@ -137,7 +150,7 @@ def test_progress_shows_each_client_steps_and_round_log(tmp_path, data_dir):
     cfg = validate(tiny_config(data_dir, federation={"rounds": 1}))
     with Recording(console=Console(file=buffer, width=120)) as progress:
         runner.run_local(cfg, runner.RunDir(tmp_path / "run"), progress=progress)
-    assert "round 1/1 done" in buffer.getvalue() and "dev EM" in buffer.getvalue()
+    assert "round 1/1 done" in buffer.getvalue() and "dev EM %" in buffer.getvalue()
     training = {d: (total, done) for d, total, done in progress.bars if d.startswith("round")}
     assert training == {"round 1 · restaurants": (3, 3), "round 1 · academic": (3, 3), "round 1 · yelp": (6, 6)}
     evaluation = [b for b in progress.bars if b[0].startswith("evaluating")]
@@ -148,7 +161,9 @@ def test_local_checkpoint_folder_loads_unchanged(tmp_path, data_dir):
     """`model.name = <folder>`: any local Hugging Face seq2seq checkpoint, as a GPU user's t5-small."""
     from fedsilo.models.seq2seq import build_seq2seq
 
-    built, tokenizer = build_seq2seq(validate(tiny_config(data_dir)).model, seed=7)
+    from fedsilo.runs.build import model_config
+
+    built, tokenizer = build_seq2seq(model_config(validate(tiny_config(data_dir))), seed=7)
     folder = tmp_path / "my-t5"
     built.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -157,7 +172,7 @@ def test_local_checkpoint_folder_loads_unchanged(tmp_path, data_dir):
     assert all(torch.equal(p, original[n]) for n, p in loaded.named_parameters())
     cfg = validate(tiny_config(data_dir, model={"name": str(folder)}, federation={"rounds": 1}))
     results = run_experiment(cfg, tmp_path / "run", show_progress=False)
-    assert set(results["test"]["per_silo"]) == {"restaurants", "academic", "yelp"}
+    assert [row["client"] for row in results["test"]["rows"]] == ["restaurants", "academic", "yelp"]
 
 
 def test_missing_checkpoint_folder_is_named(tmp_path, data_dir):

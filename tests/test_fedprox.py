@@ -1,14 +1,15 @@
 import pytest
 import torch
 
-from fedsilo.client.train import prox_term, train_local
-from tests.toy import TiedToy, toy_collate, toy_data
+from fedsilo.client.objective import prox as prox_term
+from fedsilo.client.train import train_local
+from tests.toy import TiedToy, ToyTask, toy_collate, toy_data
 
 
 def test_prox_gradient_is_mu_times_distance():
     w = {"a": torch.tensor([1.0, 2.0], requires_grad=True)}
     anchor = {"a": torch.tensor([0.5, -1.0])}
-    prox_term(w, anchor, mu=0.1).backward()
+    prox_term(w, anchor, 0.1).backward()
     assert w["a"].grad.tolist() == pytest.approx([0.05, 0.3])
     assert prox_term(w, anchor, 0.1).item() == pytest.approx(0.05 * (0.25 + 9.0))
 
@@ -25,11 +26,12 @@ def test_one_sgd_step_includes_prox_gradient():
     model(**toy_collate(data)).loss.backward()  # batch = all 4 examples, order irrelevant for the mean
     grads = {k: p.grad.clone() for k, p in params.items()}
     mu, lr = 0.3, 0.1
-    result = train_local(model, data, toy_collate, epochs=1, lr=lr, batch_size=4, optimizer="sgd",
-                         prox_mu=mu, anchor=anchor, max_grad_norm=None)
+    result, _ = train_local(model, data, toy_collate, ToyTask.loss, epochs=1, lr=lr, batch_size=4, optimizer="sgd",
+                            regularizers={"prox": mu}, anchor=anchor, max_grad_norm=None)
     for k, p in params.items():
         expected = start[k] - lr * (grads[k] + mu * (start[k] - anchor[k]))
         assert torch.allclose(p.detach(), expected, atol=1e-6), k
-    # the logged loss includes the prox term
+    # the logged loss includes the prox term, logged by name too
     prox = 0.5 * mu * sum(((start[k] - anchor[k]) ** 2).sum() for k in params)
-    assert result.losses[0][1] > float(prox)
+    assert result.terms["prox"] == pytest.approx(float(prox), rel=1e-5)
+    assert result.losses[0][1] == pytest.approx(round(result.terms["task"] + float(prox), 4), abs=1e-4)

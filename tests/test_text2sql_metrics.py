@@ -8,29 +8,14 @@ from fedsilo.tasks.text2sql.metrics import (
     exact_match,
     execution_match,
     sql_for_execution,
-    summarize,
 )
 from tests.synth import REAL, needs_real
 
-# ---- exact match and summaries -----------------------------------------------------------
+# ---- exact match ---------------------------------------------------------------------------
 
 def test_exact_match_ignores_case_and_punctuation_spacing():
     assert exact_match('SELECT A.B FROM T WHERE C="x y";', 'select a . b from t where c = " X Y " ;')
     assert not exact_match("select a from t", "select b from t")
-
-
-def test_summarize_hand_computed():
-    out = summarize({"a": [True, False, True, True], "b": [False, False]})
-    assert out["per_silo"] == {"a": {"em": 75.0, "correct": 3, "n": 4}, "b": {"em": 0.0, "correct": 0, "n": 2}}
-    assert out["macro"] == pytest.approx(37.5)
-    assert out["micro"] == pytest.approx(50.0)
-
-
-def test_summarize_rejects_empty():
-    with pytest.raises(ValueError, match="'b' has no examples"):
-        summarize({"a": [True], "b": []})
-    with pytest.raises(ValueError):
-        summarize({})
 
 
 # ---- sql_for_execution -------------------------------------------------------------------

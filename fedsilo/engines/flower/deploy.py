@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -72,16 +73,23 @@ def wait_for_port(port: int, timeout: float, proc: subprocess.Popen, log: Path |
     raise DeploymentError(f"nothing listens on 127.0.0.1:{port} after {timeout}s" + (log_tail(log) if log else ""))
 
 
-def log_tail(log: Path, lines: int = 12) -> str:
-    """`; last lines of LOG:` and its last non-empty lines, indented (for an error message)."""
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_CAUSE = re.compile(r"^\s*[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt): \S")
+
+
+def log_tail(log: Path, lines: int = 8) -> str:
+    """For an error message: `: <the log's last exception line>; last lines of LOG:` and, indented,
+    its last non-empty lines (colour codes removed)."""
     try:
-        text = Path(log).read_text(errors="replace")
+        text = _ANSI.sub("", Path(log).read_text(errors="replace"))
     except OSError:
         return f"; no log at {log}"
-    tail = [ln.rstrip() for ln in text.splitlines() if ln.strip()][-lines:]
-    if not tail:
+    kept = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
+    if not kept:
         return f"; {log} is empty"
-    return f"; last lines of {log}:\n" + "\n".join("    " + ln for ln in tail)
+    cause = next((ln.strip() for ln in reversed(kept) if _CAUSE.match(ln)), None)
+    return (f": {cause}" if cause else "") + f"; last lines of {log}:\n" + "\n".join(
+        "    " + ln for ln in kept[-lines:])
 
 
 def config_value(value: str | Path) -> str:
@@ -282,6 +290,10 @@ class LocalDeployment:
         out = Path(out).resolve()
         printer = RoundsPrinter(out / "rounds.jsonl", total_rounds(config, overrides), stream) if progress else None
         proc = self.submit(config, out, overrides, resume)
+        if printer:
+            rounds = f"{printer.total} rounds, " if printer.total else ""
+            print(f"run submitted: {rounds}a line as each round finishes (Flower's log: {self.log('flwr-run')})",
+                  file=stream or sys.stderr, flush=True)
         results = out / "results.json"
         deadline = None if timeout is None else time.monotonic() + timeout
         try:

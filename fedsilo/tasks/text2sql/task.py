@@ -23,11 +23,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from fedsilo.tasks.base import Column, Metrics, MetricSpec
+
 from .data import DISPLAY, Example, load_silo
 from .metrics import EXEC_DB, exact_match, execution_match
 from .plugin import Text2SQLSettings
-
-from fedsilo.tasks.base import Column, Metrics, MetricSpec
 
 __all__ = ["Text2SQLTask", "TargetLengthWarning", "SPEC", "compute_metrics", "train_size"]
 
@@ -174,7 +174,7 @@ class Text2SQLTask:
             bs = self.settings.eval_batch_size
             for i in range(0, len(examples), bs):
                 batch = examples[i:i + bs]
-                loss_sum, loss_n, preds = self._evaluate_batch(model, batch)
+                loss_sum, loss_n, preds = self.evaluate_batch(model, batch)
                 stats["loss_sum"] += loss_sum
                 stats["loss_n"] += loss_n
                 stats["n"] += len(batch)
@@ -195,18 +195,24 @@ class Text2SQLTask:
         return self.tokenizer([e.source for e in batch], max_length=self.settings.max_source_length,
                               truncation=True, padding=True, return_tensors="pt", return_token_type_ids=False)
 
-    def _evaluate_batch(self, model, batch: Sequence[Example]) -> tuple[float, int, list[str]]:
-        """(summed token cross-entropy, label tokens, greedy predictions) from one encoder pass."""
+    @torch.no_grad()
+    def evaluate_batch(self, model, batch: Sequence[Example]) -> tuple[float, int, list[str]]:
+        """(summed token cross-entropy, label tokens, greedy predictions) from one encoder pass.
+
+        Generation gets the labels' budget: at most ``max_target_length - 1`` SQL tokens (the label
+        adds EOS), so a target that does not fit can never be matched and ``fit`` bounds ``correct``."""
         enc = self.collate(batch).to(model.device)
         labels = enc.pop("labels")
         encoder_outputs = model.get_encoder()(**enc, return_dict=True)
         out = model(attention_mask=enc["attention_mask"], encoder_outputs=encoder_outputs, labels=labels)
         logits = out.logits.float()
-        loss_sum = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
-                                   ignore_index=-100, reduction="sum")
+        token_loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
+                                     ignore_index=-100, reduction="none")  # 0 at padding
+        loss_sum = token_loss.double().sum()  # summed in float64: exact pooling over many tokens
         loss_n = int((labels != -100).sum())
         ids = model.generate(attention_mask=enc["attention_mask"], encoder_outputs=encoder_outputs,
-                             max_new_tokens=self.settings.max_target_length, num_beams=1, do_sample=False)
+                             max_new_tokens=max(1, self.settings.max_target_length - 1),
+                             num_beams=1, do_sample=False)
         preds = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
         return float(loss_sum), loss_n, preds
 
