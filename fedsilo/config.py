@@ -129,7 +129,9 @@ class ServerConfig(Strict):
     beta2: float = Field(0.99, ge=0, lt=1)
     tau: FiniteFloat = Field(1e-3, gt=0)
     v0: FiniteFloat | None = Field(None, ge=0, description="initial second moment; None: tau² (Reddi et al.)")
-    bias_correction: bool = Field(False, description="Adam's bias-corrected step size, as Flower's FedAdam")
+    bias_correction: Literal["none", "adam", "flower"] = Field(
+        "none", description="Adam's step size: none (Reddi et al.), adam (Kingma & Ba: t = server step), "
+                            "flower (Flower 1.41's FedAdam: t = round + 1)")
 
     @property
     def effective_lr(self) -> float:

@@ -136,7 +136,7 @@ def test_data_copies_from_a_mirror_into_the_named_destination(tmp_path, monkeypa
 def test_malformed_rounds_log_is_one_line_error(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
-    (run / "rounds.jsonl").write_text('{"round": 1, "clients": {}}\n{"round": 2, "cli')
+    (run / "rounds.jsonl").write_text('{"round": 1, "clients": {}}\n{"round": 2, "cli\n{"round": 3, "clients": {}}\n')
     assert main(["report", str(run)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("fedsilo: error: ") and err.count("\n") == 1
@@ -394,7 +394,8 @@ def test_deploy_cli_with_a_relative_out_runs_to_results(tmp_path, monkeypatch, c
     assert [ln.split(" done in ")[0] for ln in err.splitlines() if ln.startswith("round ")] == ["round 1/2",
                                                                                                "round 2/2"]
     run = tmp_path / "runs" / "dep"
-    assert json.loads((run / "results.json").read_text())["test"]["per_silo"].keys() == {"restaurants", "academic",
-                                                                                         "yelp"}
+    test = json.loads((run / "results.json").read_text())["test"]
+    tested = {r["client"] for r in test["rows"]} if "rows" in test else set(test["per_silo"])
+    assert tested == {"restaurants", "academic", "yelp"}
     assert (run / "report.md").is_file() and f"run directory: {run}" in out
     assert not (tmp_path / "runs" / "dep-flower" / "processes" / "runs").exists()  # nothing under a doubled path

@@ -1,28 +1,87 @@
 """Server update on the pseudo-gradient (Reddi et al. 2021, "Adaptive Federated Optimization").
 
-Δ is the aggregated client change Σ p_i (w_i − w). Conventions follow Reddi's Algorithm 2 (no
-bias correction) with moments initialised at zero, as Flower's FedAdam/FedYogi/FedAdagrad do:
+Δ is the aggregated client change Σ p_i (w_i − w). Rules (one small function each, in a registry):
   fedavg   w ← w + η·Δ
   sgdm     m ← β·m + Δ;  w ← w + η·m          (FedAvgM; the Lorar authors' "FedOPT": η=1, β=0.9)
-  adam     m ← β1·m + (1−β1)·Δ;  v ← β2·v + (1−β2)·Δ²;            w ← w + η·m/(√v + τ)
+  adam     m ← β1·m + (1−β1)·Δ;  v ← β2·v + (1−β2)·Δ²;            w ← w + η_t·m/(√v + τ)
   yogi     m as adam;  v ← v − (1−β2)·Δ²·sign(v − Δ²);             w ← w + η·m/(√v + τ)
   adagrad  m as adam;  v ← v + Δ²;                                  w ← w + η·m/(√v + τ)
-Tensors absent from Δ (nobody sent them) are left untouched, moments included.
+The second moment starts at v₀ = τ² (Reddi et al., Algorithm 2) unless `v0` says otherwise (0 is
+Flower's convention). Adam's step is η unless `bias_correction`: "adam" gives η·√(1−β2^t)/(1−β1^t)
+with t the server step (Kingma & Ba), "flower" the same with t = step + 1, as Flower 1.41's FedAdam
+computes it (`server_round + 1`). docs/server-optimizers.md compares each rule with Flower's.
+Tensors absent from Δ (nobody sent them) are left untouched, moments included. State is allocated
+once per tensor and updated in place.
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from .tensors import Tensors
-
 from fedsilo.registry import Registry
 
-OPTIMIZERS = ("fedavg", "sgdm", "adam", "yogi", "adagrad")
-SERVER_OPTIMIZERS: Registry = Registry("server optimizer")
-for _n in OPTIMIZERS:
-    SERVER_OPTIMIZERS.add(_n, _n)
+from .tensors import Tensors
+
+BIAS_CORRECTIONS = ("none", "adam", "flower")
+
+# rule(w, Δ, state of this tensor (mutable dict), optimiser) -> None: updates w in place
+Rule = Callable[[torch.Tensor, torch.Tensor, dict, "ServerOptimizer"], None]
+SERVER_OPTIMIZERS: Registry[Rule] = Registry("server optimizer")
+
+
+@SERVER_OPTIMIZERS.register("fedavg")
+def fedavg(w, d, state, opt) -> None:
+    w.add_(d, alpha=opt.lr)
+
+
+@SERVER_OPTIMIZERS.register("sgdm")
+def sgdm(w, d, state, opt) -> None:
+    if "m" not in state:
+        state["m"] = d.clone()
+    else:
+        state["m"].mul_(opt.momentum).add_(d)
+    w.add_(state["m"], alpha=opt.lr)
+
+
+def _first_moment(d: torch.Tensor, state: dict, opt: "ServerOptimizer") -> torch.Tensor:
+    if "m" not in state:
+        state["m"] = torch.zeros_like(d)
+        state["v"] = torch.full_like(d, opt.initial_v)
+    return state["m"].mul_(opt.beta1).add_(d, alpha=1 - opt.beta1)
+
+
+def _adaptive_step(w: torch.Tensor, m: torch.Tensor, v: torch.Tensor, lr: float, tau: float) -> None:
+    w.addcdiv_(m, v.sqrt().add_(tau), value=lr)
+
+
+@SERVER_OPTIMIZERS.register("adam")
+def adam(w, d, state, opt) -> None:
+    m = _first_moment(d, state, opt)
+    v = state["v"].mul_(opt.beta2).addcmul_(d, d, value=1 - opt.beta2)
+    lr = opt.lr
+    if opt.bias_correction != "none":
+        t = opt.steps + (1 if opt.bias_correction == "flower" else 0)
+        lr = opt.lr * math.sqrt(1 - opt.beta2 ** t) / (1 - opt.beta1 ** t)
+    _adaptive_step(w, m, v, lr, opt.tau)
+
+
+@SERVER_OPTIMIZERS.register("yogi")
+def yogi(w, d, state, opt) -> None:
+    m = _first_moment(d, state, opt)
+    sq = d * d
+    v = state["v"]
+    v.addcmul_(sq, torch.sign(v - sq), value=-(1 - opt.beta2))
+    _adaptive_step(w, m, v, opt.lr, opt.tau)
+
+
+@SERVER_OPTIMIZERS.register("adagrad")
+def adagrad(w, d, state, opt) -> None:
+    m = _first_moment(d, state, opt)
+    v = state["v"].addcmul_(d, d)
+    _adaptive_step(w, m, v, opt.lr, opt.tau)
 
 
 @dataclass
@@ -33,41 +92,31 @@ class ServerOptimizer:
     beta1: float = 0.9
     beta2: float = 0.99
     tau: float = 1e-3
-    m: Tensors = field(default_factory=dict)
-    v: Tensors = field(default_factory=dict)
+    v0: float | None = None          # None: τ² (Reddi et al.)
+    bias_correction: str = "none"    # "none" (Reddi et al.), "adam" (Kingma & Ba), "flower" (FedAdam)
+    steps: int = 0
+    state: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.kind not in OPTIMIZERS:
-            raise ValueError(f"unknown server optimizer {self.kind!r}; choose one of {', '.join(OPTIMIZERS)}")
+        self.rule = SERVER_OPTIMIZERS.get(self.kind)
+        if self.bias_correction not in BIAS_CORRECTIONS:
+            raise ValueError(f"bias_correction {self.bias_correction!r}: choose from {', '.join(BIAS_CORRECTIONS)}")
+
+    @property
+    def initial_v(self) -> float:
+        return self.tau ** 2 if self.v0 is None else self.v0
 
     @torch.no_grad()
     def step(self, params: Tensors, delta: Tensors) -> None:
         """Apply Δ to `params` in place."""
+        self.steps += 1
         for name, d in delta.items():
             w = params[name]
-            d = d.to(w.dtype)
-            if self.kind == "fedavg":
-                w.add_(d, alpha=self.lr)
-            elif self.kind == "sgdm":
-                m = self.m.get(name)
-                m = d.clone() if m is None else m.mul_(self.momentum).add_(d)
-                self.m[name] = m
-                w.add_(m, alpha=self.lr)
-            else:
-                m = self.m.get(name, torch.zeros_like(d)).mul_(self.beta1).add_(d, alpha=1 - self.beta1)
-                v = self.v.get(name, torch.zeros_like(d))
-                sq = d * d
-                if self.kind == "adam":
-                    v.mul_(self.beta2).add_(sq, alpha=1 - self.beta2)
-                elif self.kind == "yogi":
-                    v.sub_((1 - self.beta2) * sq * torch.sign(v - sq))
-                else:  # adagrad
-                    v.add_(sq)
-                self.m[name], self.v[name] = m, v
-                w.add_(self.lr * m / (v.sqrt() + self.tau))
+            self.rule(w, d.to(w.dtype), self.state.setdefault(name, {}), self)
 
     def state_dict(self) -> dict:
-        return {"m": self.m, "v": self.v}
+        return {"steps": self.steps, "state": self.state}
 
     def load_state_dict(self, state: dict) -> None:
-        self.m, self.v = dict(state["m"]), dict(state["v"])
+        self.steps = int(state["steps"])
+        self.state = {k: dict(v) for k, v in state["state"].items()}
