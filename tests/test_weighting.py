@@ -1,9 +1,7 @@
 import math
 
 import pytest
-import torch
 
-from fedsilo.core.aggregate import RoundAggregator
 from fedsilo.core.weighting import client_weights, delta_loss
 
 
@@ -48,54 +46,6 @@ def test_degenerate_round_falls_back_to_size(deltas):
 def test_unknown_policy_is_named():
     with pytest.raises(ValueError, match="bogus"):
         client_weights("bogus", [1], [1.0])
-
-
-def test_streaming_aggregate_equals_weighted_mean():
-    agg = RoundAggregator("lorar")
-    d1, d2 = torch.tensor([1.0, 2.0]), torch.tensor([-1.0, 4.0])
-    agg.add("a", {"t": d1}, n_examples=10, value=1.0)
-    agg.add("b", {"t": d2}, n_examples=30, value=2.0)
-    delta, w = agg.finish()
-    assert w.values == pytest.approx([10 / 70, 60 / 70])
-    assert torch.allclose(delta["t"], (10 * d1 + 60 * d2) / 70)
-
-
-def test_streaming_aggregate_degenerate_uses_size_sum():
-    agg = RoundAggregator("lorar")
-    agg.add("a", {"t": torch.tensor([1.0])}, n_examples=10, value=0.0)
-    agg.add("b", {"t": torch.tensor([4.0])}, n_examples=30, value=0.0)
-    delta, w = agg.finish()
-    assert w.fallback
-    assert delta["t"].item() == pytest.approx((10 * 1 + 30 * 4) / 40)
-
-
-def test_partial_uploads_average_over_senders_only():
-    agg = RoundAggregator("size")
-    agg.add("a", {"t1": torch.tensor([1.0]), "t2": torch.tensor([5.0])}, n_examples=1)
-    agg.add("b", {"t1": torch.tensor([3.0])}, n_examples=3)
-    delta, _ = agg.finish()
-    assert delta["t1"].item() == pytest.approx((1 + 9) / 4)
-    assert delta["t2"].item() == pytest.approx(5.0)  # only a sent it
-
-
-def test_float64_updates_are_summed_in_float64():
-    like = {"t": torch.zeros(3, dtype=torch.float64)}
-    agg = RoundAggregator("size", like=like)
-    a = torch.tensor([1e-12, 1.0, 3.0], dtype=torch.float64)
-    b = torch.tensor([2e-12, 2.0, 1.0], dtype=torch.float64)
-    agg.add("a", {"t": a}, n_examples=1)
-    agg.add("b", {"t": b}, n_examples=3)
-    delta, _ = agg.finish()
-    assert delta["t"].dtype == torch.float64
-    assert torch.allclose(delta["t"], (a + 3 * b) / 4, rtol=0, atol=1e-15)
-
-
-def test_policies_that_cannot_degenerate_keep_one_sum():
-    for policy in ("size", "equal"):
-        agg = RoundAggregator(policy)
-        agg.add("a", {"t": torch.ones(2)}, n_examples=2)
-        assert agg.by_size is None and len(agg.primary.sums) == 1
-    assert RoundAggregator("lorar").by_size is not None
 
 
 def test_weighting_reads_a_named_statistic():

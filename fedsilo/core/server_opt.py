@@ -6,12 +6,14 @@
   adam     m ← β1·m + (1−β1)·Δ;  v ← β2·v + (1−β2)·Δ²;            w ← w + η_t·m/(√v + τ)
   yogi     m as adam;  v ← v − (1−β2)·Δ²·sign(v − Δ²);             w ← w + η·m/(√v + τ)
   adagrad  m as adam;  v ← v + Δ²;                                  w ← w + η·m/(√v + τ)
-The second moment starts at v₀ = τ² (Reddi et al., Algorithm 2) unless `v0` says otherwise (0 is
-Flower's convention). Adam's step is η unless `bias_correction`: "adam" gives η·√(1−β2^t)/(1−β1^t)
-with t the server step (Kingma & Ba), "flower" the same with t = step + 1, as Flower 1.41's FedAdam
-computes it (`server_round + 1`). docs/server-optimizers.md compares each rule with Flower's.
-Tensors absent from Δ (nobody sent them) are left untouched, moments included. State is allocated
-once per tensor and updated in place.
+m starts at 0. The second moment starts at v₀ = τ² (Reddi et al., Algorithm 2) unless `v0` says
+otherwise (0 is Flower's convention). Adam's step is η unless `bias_correction`: "adam" gives
+η·√(1−β2^t)/(1−β1^t) with t the server step (Kingma & Ba), "flower" the same with t = step + 1, as
+Flower 1.41's FedAdam computes it (`server_round + 1`, rounds counted from 1); True means "flower".
+Every `step` call counts as one server step (an empty Δ included, as Flower counts rounds).
+docs/server-optimizers.md compares each rule with Flower's strategies.
+Moments are allocated once per tensor (at its first step), in the parameter's dtype and device, and
+updated in place. Tensors absent from Δ (nobody sent them) are left untouched, moments included.
 """
 from __future__ import annotations
 
@@ -26,97 +28,128 @@ from fedsilo.registry import Registry
 from .tensors import Tensors
 
 BIAS_CORRECTIONS = ("none", "adam", "flower")
+BIAS_CORRECTED = ("adam",)  # the rules that read `bias_correction`
 
-# rule(w, Δ, state of this tensor (mutable dict), optimiser) -> None: updates w in place
-Rule = Callable[[torch.Tensor, torch.Tensor, dict, "ServerOptimizer"], None]
+Moments = dict[str, torch.Tensor]  # one tensor's optimiser state ("m", "v"), filled by its rule
+# rule(w, Δ in w's dtype and device, w's moments, optimiser) -> None: updates w and its moments in place
+Rule = Callable[[torch.Tensor, torch.Tensor, Moments, "ServerOptimizer"], None]
 SERVER_OPTIMIZERS: Registry[Rule] = Registry("server optimizer")
 
 
+def _moment(state: Moments, key: str, like: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+    """Moment `key` of one tensor: allocated at the tensor's first step, then reused."""
+    t = state.get(key)
+    if t is None:
+        t = state[key] = torch.full_like(like, fill)
+    elif t.dtype != like.dtype or t.device != like.device:  # loaded from a checkpoint made elsewhere
+        t = state[key] = t.to(device=like.device, dtype=like.dtype)
+    return t
+
+
+def _first_moment(d: torch.Tensor, state: Moments, opt: ServerOptimizer) -> torch.Tensor:
+    return _moment(state, "m", d).mul_(opt.beta1).add_(d, alpha=1 - opt.beta1)
+
+
+def _second_moment(d: torch.Tensor, state: Moments, opt: ServerOptimizer) -> torch.Tensor:
+    return _moment(state, "v", d, opt.initial_v)
+
+
+def _adaptive_step(w: torch.Tensor, m: torch.Tensor, v: torch.Tensor, lr: float, tau: float) -> None:
+    w.addcdiv_(m, v.sqrt().add_(tau), value=lr)  # w + η·m/(√v + τ): one temporary
+
+
 @SERVER_OPTIMIZERS.register("fedavg")
-def fedavg(w, d, state, opt) -> None:
+def fedavg(w: torch.Tensor, d: torch.Tensor, state: Moments, opt: ServerOptimizer) -> None:
     w.add_(d, alpha=opt.lr)
 
 
 @SERVER_OPTIMIZERS.register("sgdm")
-def sgdm(w, d, state, opt) -> None:
-    if "m" not in state:
-        state["m"] = d.clone()
-    else:
-        state["m"].mul_(opt.momentum).add_(d)
-    w.add_(state["m"], alpha=opt.lr)
-
-
-def _first_moment(d: torch.Tensor, state: dict, opt: "ServerOptimizer") -> torch.Tensor:
-    if "m" not in state:
-        state["m"] = torch.zeros_like(d)
-        state["v"] = torch.full_like(d, opt.initial_v)
-    return state["m"].mul_(opt.beta1).add_(d, alpha=1 - opt.beta1)
-
-
-def _adaptive_step(w: torch.Tensor, m: torch.Tensor, v: torch.Tensor, lr: float, tau: float) -> None:
-    w.addcdiv_(m, v.sqrt().add_(tau), value=lr)
+def sgdm(w: torch.Tensor, d: torch.Tensor, state: Moments, opt: ServerOptimizer) -> None:
+    m = _moment(state, "m", d).mul_(opt.momentum).add_(d)
+    w.add_(m, alpha=opt.lr)
 
 
 @SERVER_OPTIMIZERS.register("adam")
-def adam(w, d, state, opt) -> None:
+def adam(w: torch.Tensor, d: torch.Tensor, state: Moments, opt: ServerOptimizer) -> None:
     m = _first_moment(d, state, opt)
-    v = state["v"].mul_(opt.beta2).addcmul_(d, d, value=1 - opt.beta2)
-    lr = opt.lr
-    if opt.bias_correction != "none":
-        t = opt.steps + (1 if opt.bias_correction == "flower" else 0)
-        lr = opt.lr * math.sqrt(1 - opt.beta2 ** t) / (1 - opt.beta1 ** t)
-    _adaptive_step(w, m, v, lr, opt.tau)
+    v = _second_moment(d, state, opt).mul_(opt.beta2).addcmul_(d, d, value=1 - opt.beta2)
+    _adaptive_step(w, m, v, opt.lr * opt.adam_correction(), opt.tau)
 
 
 @SERVER_OPTIMIZERS.register("yogi")
-def yogi(w, d, state, opt) -> None:
+def yogi(w: torch.Tensor, d: torch.Tensor, state: Moments, opt: ServerOptimizer) -> None:
     m = _first_moment(d, state, opt)
-    sq = d * d
-    v = state["v"]
-    v.addcmul_(sq, torch.sign(v - sq), value=-(1 - opt.beta2))
+    v = _second_moment(d, state, opt)
+    s = torch.addcmul(v, d, d, value=-1).sign_().mul_(d)  # sign(v − Δ²)·Δ: one temporary
+    v.addcmul_(s, d, value=-(1 - opt.beta2))               # v − (1−β2)·Δ²·sign(v − Δ²)
     _adaptive_step(w, m, v, opt.lr, opt.tau)
 
 
 @SERVER_OPTIMIZERS.register("adagrad")
-def adagrad(w, d, state, opt) -> None:
+def adagrad(w: torch.Tensor, d: torch.Tensor, state: Moments, opt: ServerOptimizer) -> None:
     m = _first_moment(d, state, opt)
-    v = state["v"].addcmul_(d, d)
+    v = _second_moment(d, state, opt).addcmul_(d, d)
     _adaptive_step(w, m, v, opt.lr, opt.tau)
 
 
-@dataclass
+@dataclass(eq=False)
 class ServerOptimizer:
     kind: str = "fedavg"
     lr: float = 1.0
-    momentum: float = 0.9
-    beta1: float = 0.9
-    beta2: float = 0.99
-    tau: float = 1e-3
-    v0: float | None = None          # None: τ² (Reddi et al.)
-    bias_correction: str = "none"    # "none" (Reddi et al.), "adam" (Kingma & Ba), "flower" (FedAdam)
-    steps: int = 0
-    state: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    momentum: float = 0.9                 # sgdm
+    beta1: float = 0.9                    # adaptive rules: first moment
+    beta2: float = 0.99                   # adam, yogi: second moment
+    tau: float = 1e-3                     # adaptivity
+    v0: float | None = None               # initial second moment; None: τ² (Reddi et al.); 0: Flower
+    bias_correction: str | bool = "none"  # adam: "none" (Reddi), "adam" (Kingma & Ba), "flower"; True = "flower"
+    steps: int = field(default=0, init=False)  # server steps taken (= Flower's server_round after a step)
+    state: dict[str, Moments] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.rule = SERVER_OPTIMIZERS.get(self.kind)
+        self.rule: Rule = SERVER_OPTIMIZERS.get(self.kind)  # UnknownChoice (a ValueError) lists the choices
+        if isinstance(self.bias_correction, bool):
+            self.bias_correction = "flower" if self.bias_correction else "none"
         if self.bias_correction not in BIAS_CORRECTIONS:
             raise ValueError(f"bias_correction {self.bias_correction!r}: choose from {', '.join(BIAS_CORRECTIONS)}")
+        if self.bias_correction != "none" and self.kind not in BIAS_CORRECTED:
+            raise ValueError(f"bias_correction applies to {', '.join(BIAS_CORRECTED)} only, not {self.kind!r} "
+                             "(neither Reddi et al. nor Flower bias-correct the other server optimisers)")
 
     @property
     def initial_v(self) -> float:
-        return self.tau ** 2 if self.v0 is None else self.v0
+        return self.tau ** 2 if self.v0 is None else float(self.v0)
+
+    def adam_correction(self) -> float:
+        """Factor on η at the current step: 1, or √(1−β2^t)/(1−β1^t) with t as `bias_correction` says."""
+        if self.bias_correction == "none":
+            return 1.0
+        t = self.steps + (1.0 if self.bias_correction == "flower" else 0.0)  # Flower: server_round + 1.0
+        return math.sqrt(1 - self.beta2 ** t) / (1 - self.beta1 ** t)
 
     @torch.no_grad()
     def step(self, params: Tensors, delta: Tensors) -> None:
-        """Apply Δ to `params` in place."""
+        """Apply Δ to `params` in place (Δ is cast to each parameter's dtype and device)."""
         self.steps += 1
         for name, d in delta.items():
             w = params[name]
-            self.rule(w, d.to(w.dtype), self.state.setdefault(name, {}), self)
+            state = self.state.get(name, {})
+            self.rule(w, d.to(device=w.device, dtype=w.dtype), state, self)
+            if state:
+                self.state[name] = state
 
     def state_dict(self) -> dict:
-        return {"steps": self.steps, "state": self.state}
+        """{"steps": int, "state": {tensor name: {"m": Tensor, "v": Tensor}}}: loads with weights_only.
+        The tensors are the live moments (as torch.optim's): save or copy them before the next step."""
+        return {"steps": self.steps, "state": {name: dict(s) for name, s in self.state.items()}}
 
     def load_state_dict(self, state: dict) -> None:
-        self.steps = int(state["steps"])
-        self.state = {k: dict(v) for k, v in state["state"].items()}
+        """A `state_dict()`, or the older {"m": {name: T}, "v": {name: T}} (its step count taken as 0)."""
+        if "state" in state:
+            moments = state["state"]
+        else:
+            moments = {}
+            for key in ("m", "v"):
+                for name, t in state.get(key, {}).items():
+                    moments.setdefault(name, {})[key] = t
+        self.steps = int(state.get("steps", 0))
+        self.state = {name: {k: t.detach().clone() for k, t in s.items()} for name, s in moments.items()}
