@@ -47,8 +47,9 @@ def test_private_tensors_never_leave_and_survive_rounds(backend, tmp_path):
     original_receive = server.receive
     server.receive = lambda c, u: sent.append(set(u.tensors)) or original_receive(c, u)
     run_round(server, clients, list(clients), 1, seed=0)
-    assert sent and all(not any(n.startswith("dec.") for n in s) for s in sent)
-    after_r1 = {c: store.get(c).slot("own") for c in clients}
+    run_round(server, clients, list(clients), 2, seed=0)  # a round that starts from kept tensors
+    assert len(sent) == 4 and all(not any(n.startswith("dec.") for n in s) for s in sent)
+    after_r1 = {c: store.get(c).slot("own") for c in clients}  # (after round 2: the latest)
     assert set(after_r1["c0"]) == {"dec.weight", "dec.bias"}
     assert not torch.equal(after_r1["c0"]["dec.weight"], after_r1["c1"]["dec.weight"])
     # Round 2 starts each client from its own private tensors, not from another client's.

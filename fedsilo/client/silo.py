@@ -100,10 +100,10 @@ class SiloClient:
         params = dict(self.model.named_parameters())
         with torch.no_grad():
             now = {k: params[k].detach() for k in self.shared_names}
-            previous = state.slot("own") or None
-            ctx = SelectionContext(round_idx, self.name, self.shared_names, now,
-                                   {k: previous[k] for k in self.shared_names} if previous else None,
-                                   seed, self.plan.upload_options)
+            own = state.slot("own")  # all tensors when the plan keeps everything, else the private ones
+            previous = {k: own[k] for k in self.shared_names} if self.plan.keeps_everything and own else None
+            ctx = SelectionContext(round_idx, self.name, self.shared_names, now, previous, seed,
+                                   self.plan.upload_options)
             upload = self.plan.choose_upload(ctx)
             values = {k: now[k].clone() for k in upload}
         self._save(state, params, upload, result.steps, opt)
