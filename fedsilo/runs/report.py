@@ -216,7 +216,9 @@ def row_labels(results: Mapping[str, Any], display: Mapping[str, str] | None = N
 def results_table(results: Mapping[str, Any], display: Mapping[str, str] | None = None) -> list[list[str]]:
     """Test results as rows of strings, header first: one column per evaluated row, then Macro and
     Pooled; one line per metric column of the spec, labelled with the column's label (which carries
-    the unit), cells in the column's format, ``-`` where a value is null."""
+    the unit), cells in the column's format, ``-`` where a value is null. Display names: `display`,
+    else the task's as recorded in the results."""
+    display = display if display is not None else (results.get("display") or None)
     test = _test_summary(results)
     rows = [["", *row_labels(results, display), "Macro", "Pooled"]]
     for col in _columns(results.get("metric_spec"), test):
@@ -713,6 +715,8 @@ def write_report(run_dir: str | Path, display: Mapping[str, str] | None = None) 
     skipped with a note) and on finetuning runs whose rounds live only in ``silos/<silo>/``."""
     root = _run_dir(run_dir)
     results = read_results(root)
+    if display is None and results and results.get("display"):
+        display = results["display"]
     subruns = _subruns(root, results)
     has_rounds = (root / "rounds.jsonl").is_file()
     if not has_rounds and not subruns:

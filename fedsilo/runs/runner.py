@@ -27,7 +27,7 @@ def _dev_line(spec: MetricSpec, dev: dict) -> str:
 
 
 def run_federation(cfg: RunConfig, run: RunDir, engine, server: Server, spec: MetricSpec, task_name: str,
-                   resume: bool = False, progress: Progress | None = None) -> dict:
+                   resume: bool = False, progress: Progress | None = None, display: dict | None = None) -> dict:
     """Rounds on any engine, model selection on the merged dev set, test of the selected model."""
     progress = progress or Progress(enabled=False)
     run.prepare(cfg, resume)
@@ -83,7 +83,7 @@ def run_federation(cfg: RunConfig, run: RunDir, engine, server: Server, spec: Me
     wall = sum(x.get("seconds", 0) + x.get("eval_seconds", 0) for x in logged) + time.perf_counter() - t0
     results = {"paradigm": cfg.paradigm, "name": cfg.name, "task": task_name, "rounds": rounds,
                "best_round": best_state["round"], "best_dev": best["score"], "wall_seconds": wall,
-               "metric_spec": spec.describe(), "test": test}
+               "metric_spec": spec.describe(), "display": dict(display or {}), "test": test}
     run.write_results(results)
     # Leave the engine where the run ended, so a resume with more rounds continues from there.
     state = run.load(run.checkpoint, device)
@@ -109,7 +109,8 @@ def run_local(cfg: RunConfig, run: RunDir, resume: bool = False, progress: Progr
         progress.warn(message)
     store = make_store(cfg.engine.store, store_root(run.path))
     engine = LocalEngine(cfg, task, model, store)
-    return run_federation(cfg, run, engine, build_server(cfg, model), task.spec, task.name, resume, progress)
+    return run_federation(cfg, run, engine, build_server(cfg, model), task.spec, task.name, resume, progress,
+                          display=getattr(task, "display", None))
 
 
 def run_experiment(cfg: RunConfig, out: str | Path, resume: bool = False, show_progress: bool = True) -> dict:
@@ -125,7 +126,7 @@ def _finetune(cfg: RunConfig, out: Path, resume: bool, progress: Progress) -> di
     """Each silo alone (its own dev selection), in sub-run directories; results pooled exactly."""
     top = RunDir(out)
     top.prepare(cfg, resume)
-    rows, subruns, spec_desc, wall = [], {}, None, 0.0
+    rows, subruns, spec_desc, display, wall = [], {}, None, {}, 0.0
     for silo in cfg.task.client_names():
         sub = cfg.model_copy(update={
             "paradigm": "federated", "name": f"{cfg.name}/{silo}",
@@ -141,11 +142,12 @@ def _finetune(cfg: RunConfig, out: Path, resume: bool, progress: Progress) -> di
         done = run_local(sub, sub_run, resume and sub_run.config.exists(), progress)
         rows += done["test"]["rows"]
         subruns[silo] = f"silos/{silo}"
-        spec_desc = done["metric_spec"]
+        spec_desc, display = done["metric_spec"], {**display, **done.get("display", {})}
         wall += done.get("wall_seconds", 0.0)
     from fedsilo.tasks import TASKS
     results = {"paradigm": "finetune", "name": cfg.name, "task": cfg.task.name, "rounds": cfg.federation.rounds,
                "best_round": None, "best_dev": None, "wall_seconds": wall, "metric_spec": spec_desc,
+               "display": display,
                "test": TASKS.get(cfg.task.name).spec().summarize(rows), "subruns": subruns}
     top.write_results(results)
     return results

@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import torch
+if TYPE_CHECKING:  # annotations only: reading results (the report) needs no torch
+    import torch
 
 Stats = dict[str, float | list[float]]  # additive: pooling = element-wise sum
 Metrics = dict[str, float | None]
