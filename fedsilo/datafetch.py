@@ -89,10 +89,14 @@ def ensure(task: str, dest: Path, mirror: Path | None = None, manifest: Path | N
     dest = Path(dest)
     manifest = Path(manifest) if manifest else _TASKS_DIR / task / "sources.tsv"
     mirror = Path(mirror) if mirror else find_mirror()
+    announced = False
     for src in read_manifest(manifest):
         target = dest / src.path
         if _is_verified(target, src):
             continue
+        if not announced:
+            _log(progress, f"{task} data → {dest.resolve()} (checked against sha256 pins)")
+            announced = True
         target.parent.mkdir(parents=True, exist_ok=True)
         local = _mirror_file(mirror, task, src.path)
         if local is not None:

@@ -186,7 +186,7 @@ def test_a_supernode_killed_mid_run_is_recorded_missing(tmp_path, data_dir):
         assert set(r["clients"]) == {"restaurants", "academic"}
         assert sum(c["weight"] for c in r["clients"].values()) == pytest.approx(1.0)
     test = json.loads((run / "results.json").read_text())["test"]
-    tested = {r["client"] for r in test["rows"]} if "rows" in test else set(test["per_silo"])
+    tested = {r["client"] for r in test["rows"]}
     assert tested == {"restaurants", "academic"}
 
 
