@@ -62,10 +62,10 @@ def main() -> None:
         child(args.child.split(","), args.d_model, args.layers, args.weighting, args.server, args.store)
         return
     from fedsilo.config import validate
-    from fedsilo.models.seq2seq import build_seq2seq
-    mcfg = validate({"model": {"d_model": args.d_model, "d_ff": 4 * args.d_model, "num_layers": args.layers,
-                               "num_decoder_layers": args.layers, "num_heads": 8}}).model
-    n = sum(p.numel() for p in build_seq2seq(mcfg)[0].parameters())
+    from fedsilo.runs.build import build_model
+    cfg = validate({"model": {"d_model": args.d_model, "d_ff": 4 * args.d_model, "num_layers": args.layers,
+                              "num_decoder_layers": args.layers, "num_heads": 8}})
+    n = sum(p.numel() for p in build_model(cfg)[0].parameters())
     print(f"model: tiny-t5 d_model={args.d_model} layers={args.layers}+{args.layers}: {n / 1e6:.1f}M params "
           f"= {n * 4 / 2**20:.0f} MiB fp32; weighting {args.weighting}, server {args.server}"
           + ("; personal models" if args.personal else ""))

@@ -87,6 +87,8 @@ def build_seq2seq(cfg: ModelConfig, seed: int = 0) -> tuple[PreTrainedModel, obj
 
 
 def _build(cfg: ModelConfig) -> tuple[PreTrainedModel, object]:
+    if cfg.name is None:  # the task's default was not filled in: the small built-in one
+        cfg = cfg.model_copy(update={"name": "tiny-t5"})
     if cfg.name in BUILTIN:
         tokenizer = AutoTokenizer.from_pretrained(str(minilm_path()))
         model = _tiny_t5(cfg, tokenizer) if cfg.name == "tiny-t5" else _minilm2bert(cfg, tokenizer)
