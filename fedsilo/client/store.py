@@ -14,7 +14,6 @@ ClientApp uses it in the silo's own state folder. `MemoryStore` keeps the same i
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from typing import Protocol
 import torch
 
 from fedsilo.core.tensors import Tensors
+from fedsilo.fileio import atomic_write_bytes
 
 
 @dataclass
@@ -153,13 +153,7 @@ class DiskStore:
         data = save(flat, metadata={"meta": json.dumps(state.meta)})
         folder = self._dir(client)
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"round-{self.round:05d}.safetensors"
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        atomic_write_bytes(folder / f"round-{self.round:05d}.safetensors", data)
 
     def truncate(self, last_round: int) -> None:
         for client in self.clients():

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from fedsilo.config import RunConfig, to_toml
+from fedsilo.fileio import atomic_write_bytes
 
 # Keys that may change between a run and its resume without changing its past.
 RESUMABLE_CHANGES = {("federation", "rounds")}
@@ -28,15 +29,6 @@ def _comparable(cfg: dict) -> dict:
         cfg.get(section, {}).pop(key, None)
     cfg.pop("out_dir", None)
     return cfg
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 class RunDir:
