@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fedsilo.core.aggregate import RoundAggregator
+from fedsilo.core.aggregate import AGGREGATIONS, RoundAggregator
 from fedsilo.core.exchange import ExchangePlan
 from fedsilo.core.server_opt import ServerOptimizer
 from fedsilo.core.tensors import Tensors, clone, is_finite, nbytes
@@ -48,18 +48,29 @@ def sample_clients(clients: list[str], round_idx: int, seed: int, fraction: floa
     return [c for c in clients if c in chosen]
 
 
-def reject_reason(update: ClientUpdate, expected: Tensors) -> str | None:
-    """Why an update cannot be aggregated (unknown tensor, wrong shape, NaN/Inf), or None."""
+def reject_reason(update: ClientUpdate, expected: Tensors, registered: int | None = None) -> str | None:
+    """Why an update cannot be aggregated as sent, or None: an unknown tensor, a wrong shape, a dtype
+    that is not real floating point, NaN/Inf, or a size that is not a positive count within what the
+    silo `registered` at the start (a client cannot claim more data to take more weight)."""
     for name, t in update.tensors.items():
         if name not in expected:
             return f"unknown tensor {name!r}"
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            return f"tensor {name!r} has dtype {getattr(t, 'dtype', type(t).__name__)}, expected a real floating dtype"
         if tuple(t.shape) != tuple(expected[name].shape):
             return f"tensor {name!r} has shape {tuple(t.shape)}, expected {tuple(expected[name].shape)}"
     if not is_finite(update.tensors):
         return "non-finite values (NaN/Inf) in the update"
-    if not update.n_examples > 0:
-        return "no training examples"
+    n = update.n_examples
+    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+        return f"n_examples {n!r} is not a positive count"
+    if registered is not None and n > registered:
+        return f"n_examples {n} is more than the {registered} examples the silo registered"
     return None
+
+
+def _norm(tensors: Tensors) -> float:
+    return math.sqrt(sum(float(torch.linalg.vector_norm(t, dtype=torch.float64)) ** 2 for t in tensors.values()))
 
 
 def _json_number(x: float) -> float | None:
@@ -67,22 +78,38 @@ def _json_number(x: float) -> float | None:
 
 
 class Server:
+    """Safeguards against a buggy or hostile client (docs/reliability.md): updates are checked in
+    the server's dtype, sizes against what each silo registered, an update far larger than the
+    global tensors (`max_update_ratio`) is rejected, `clip_norm` bounds each update, and a round
+    whose aggregate would break the global tensors is skipped, never applied."""
+
     def __init__(self, global_tensors: Tensors, optimizer: ServerOptimizer, weighting: str,
-                 plan: ExchangePlan | None = None, weighting_stat: str | None = None) -> None:
+                 plan: ExchangePlan | None = None, weighting_stat: str | None = None, *,
+                 aggregation: str = "mean", aggregation_options: dict | None = None,
+                 max_client_weight: float | None = None, clip_norm: float | None = None,
+                 max_update_ratio: float | None = None) -> None:
         self.params = clone(global_tensors)
         self.optimizer = optimizer
         self.weighting = weighting
         self.stat = weighting_stat or WEIGHTINGS.get(weighting).reads
         self.plan = plan or ExchangePlan()
+        self.aggregation, self.aggregation_options = aggregation, aggregation_options
+        self.max_client_weight, self.clip_norm, self.max_update_ratio = max_client_weight, clip_norm, max_update_ratio
+        self.registered: dict[str, int] = {}  # silo → the number of examples it declared at the start
         self.uploaded: dict[str, list[str]] = {}  # per client: the names it uploaded last (download policies)
         self.round = 0
         self._agg: RoundAggregator | None = None
         self._record: dict = {}
         self._sent: dict[str, int] = {}
 
+    def register(self, sizes: dict[str, int]) -> None:
+        """Each silo's size as known before any round: the bound on the size it may report."""
+        self.registered = dict(sizes)
+
     def begin_round(self, round_idx: int) -> None:
         self.round = round_idx
-        self._agg = RoundAggregator(self.weighting, like=self.params)
+        self._agg = RoundAggregator(self.weighting, like=self.params, rule=self.aggregation,
+                                    options=self.aggregation_options, max_weight=self.max_client_weight)
         self._record, self._sent = {}, {}
 
     def payload(self, client: str) -> Tensors:
@@ -92,9 +119,39 @@ class Server:
         self._sent[client] = nbytes(tensors)
         return tensors
 
+    def reject(self, client: str, reason: str) -> str:
+        """Record a client whose reply could not even be read as an update (a malformed message)."""
+        self._record[client] = {"n_examples": None, "weight": None, "bytes_down": self._sent.get(client, 0),
+                                "bytes_up": 0, "rejected": reason}
+        return reason
+
+    def _delta(self, client: str, update: ClientUpdate) -> tuple[Tensors | None, str | None, float | None]:
+        """Δ_i in the server's dtype and device, clipped; or the reason it cannot be used."""
+        if self.registered and client not in self.registered:
+            return None, f"{client!r} is not a registered silo", None
+        reason = reject_reason(update, self.params, self.registered.get(client))
+        if reason:
+            return None, reason, None
+        # updates may arrive on another device and dtype (a GPU silo, float64, Flower's CPU arrays)
+        cast = {k: t.to(self.params[k].device, self.params[k].dtype) for k, t in update.tensors.items()}
+        if not is_finite(cast):
+            return None, f"values overflow the server's dtype ({next(iter(self.params.values())).dtype})", None
+        delta = {k: t - self.params[k] for k, t in cast.items()}
+        norm = _norm(delta)
+        if not math.isfinite(norm):
+            return None, "the update's difference to the global tensors overflows", None
+        scale = max(_norm({k: self.params[k] for k in delta}), 1.0)
+        if self.max_update_ratio is not None and norm > self.max_update_ratio * scale:
+            return None, (f"update norm {norm:.3g} is {norm / scale:.3g}× the global tensors' norm "
+                          f"(limit federation.max_update_ratio = {self.max_update_ratio:g})"), None
+        if self.clip_norm is not None and norm > self.clip_norm:
+            for t in delta.values():
+                t.mul_(self.clip_norm / norm)
+            return delta, None, norm
+        return delta, None, None
+
     def receive(self, client: str, update: ClientUpdate) -> str | None:
         """Fold one client's update into the round; returns a rejection reason, or None."""
-        reason = reject_reason(update, self.params)
         entry = {
             "n_examples": update.n_examples, "steps": update.steps, "losses": update.losses,
             "delta_loss": _json_number(update.delta_loss), "mean_loss": _json_number(update.mean_loss),
@@ -102,12 +159,14 @@ class Server:
             "bytes_up": nbytes(update.tensors), "bytes_down": self._sent.get(client, 0),
             "seconds": update.seconds, "weight": None,
         }
+        delta, reason, clipped_from = self._delta(client, update)
         if reason:
             entry["rejected"] = reason
+            if not isinstance(update.n_examples, int) or not math.isfinite(update.n_examples):
+                entry["n_examples"] = None  # keep rounds.jsonl valid JSON
         else:
-            # updates may arrive on another device (a GPU silo, a CPU server, Flower's CPU arrays)
-            delta = {k: t.to(self.params[k].device, self.params[k].dtype) - self.params[k]
-                     for k, t in update.tensors.items()}
+            if clipped_from is not None:
+                entry["clipped_from"] = clipped_from
             value = update.stats.get(self.stat, math.nan) if self.stat else math.nan
             self._agg.add(client, delta, update.n_examples, value)
             self.uploaded[client] = list(update.tensors)
@@ -115,16 +174,34 @@ class Server:
         return reason
 
     def end_round(self) -> dict:
-        """Aggregate and step the server optimiser; returns the round's record."""
+        """Aggregate and step the server optimiser — unless the result would break the global
+        tensors: then the round is skipped (recorded with the reason). Returns the round's record."""
         delta, weights = self._agg.finish()
-        for client, w in zip(self._agg.clients, weights.values):
-            self._record[client]["weight"] = w
-        with torch.no_grad():
-            self.optimizer.step(self.params, delta)
-        record = {"weighting": self.weighting, "fallback": weights.fallback, "clients": self._record,
+        for i, client in enumerate(self._agg.clients):
+            entry = self._record[client]
+            entry["weight"] = weights.values[i] if AGGREGATIONS.get(self.aggregation).weighted else None
+            if weights.fallback[i]:
+                entry["fallback"] = True
+            if weights.capped[i]:
+                entry["capped"] = True
+        skipped = None
+        if not self._agg.clients:
+            skipped = "no client update was accepted"
+        elif not is_finite(delta):
+            skipped = "the aggregate of the accepted updates is not finite"
+        else:
+            skipped = self.optimizer.check_step(self.params, delta, self.max_update_ratio)
+        if skipped is None:
+            with torch.no_grad():
+                self.optimizer.step(self.params, delta)
+        record = {"weighting": self.weighting, "aggregation": self.aggregation,
+                  "fallback": weights.any_fallback,
+                  "applied": skipped is None, "clients": self._record,
                   "bytes_up": sum(c["bytes_up"] for c in self._record.values()),
                   "bytes_down": sum(self._sent.values()),
                   "sent": dict(self._sent)}
+        if skipped:
+            record["skipped"] = skipped
         self._agg = None
         return record
 

@@ -46,7 +46,7 @@ def test_streaming_equals_the_explicit_weighted_mean(policy):
         agg.add(f"c{i}", u, n_examples=n, value=v)
     delta, w = agg.finish()
     p = client_weights(policy, SIZES, VALUES).values
-    assert w.values == pytest.approx(p) and not w.fallback
+    assert w.values == pytest.approx(p) and not w.any_fallback
     assert agg.clients == ["c0", "c1", "c2"]
     for k in ("a", "b"):
         expected = sum(pi * u[k] for pi, u in zip(p, updates))
@@ -63,13 +63,17 @@ def test_lorar_hand_computed():
     assert torch.allclose(delta["t"], (10 * d1 + 60 * d2) / 70)
 
 
-@pytest.mark.parametrize("values", [[0.0, 0.0], [0.5, math.nan], [math.nan, math.nan], [1.0, math.inf]])
-def test_degenerate_round_uses_the_size_sum(values):
+@pytest.mark.parametrize("values, fell_back", [
+    ([0.0, 0.0], [True, True]), ([0.5, math.nan], [False, True]),
+    ([math.nan, math.nan], [True, True]), ([1.0, math.inf], [False, True])])
+def test_degenerate_round_uses_the_size_sum(values, fell_back):
+    """All scores unusable: size weights. One unusable: that client alone takes its size share
+    (here 30/40), the other the rest — the same numbers, but only b is marked."""
     agg = RoundAggregator("lorar")
     agg.add("a", {"t": torch.tensor([1.0])}, n_examples=10, value=values[0])
     agg.add("b", {"t": torch.tensor([4.0]), "u": torch.tensor([2.0])}, n_examples=30, value=values[1])
     delta, w = agg.finish()
-    assert w.fallback and w.values == pytest.approx([10 / 40, 30 / 40])
+    assert w.fallback == fell_back and w.values == pytest.approx([10 / 40, 30 / 40])
     assert delta["t"].item() == pytest.approx((10 * 1 + 30 * 4) / 40)
     assert delta["u"].item() == pytest.approx(2.0)  # partial upload under the fallback too
 
@@ -144,7 +148,7 @@ def test_a_tensor_only_zero_weight_clients_sent_is_left_out():
     agg.add("a", {"t": torch.tensor([1.0])}, n_examples=10, value=1.0)
     agg.add("z", {"t": torch.tensor([9.0]), "only_z": torch.tensor([3.0])}, n_examples=10, value=0.0)
     delta, w = agg.finish()
-    assert not w.fallback and w.values == pytest.approx([1.0, 0.0])
+    assert not w.any_fallback and w.values == pytest.approx([1.0, 0.0])
     assert set(delta) == {"t"} and delta["t"].item() == pytest.approx(1.0)
 
 

@@ -109,7 +109,8 @@ class SiloClient:
         self._save(state, params, upload, result.steps, opt)
         stats = {"delta_loss": result.delta_loss, "mean_loss": result.mean_loss,
                  **{f"loss/{k}": v for k, v in result.terms.items()}}
-        return ClientUpdate(values, result.n_examples, stats, result.steps, result.losses,
+        # n: the silo's own data (FedAvg's n_k, what it registered), not counting pseudo-labelled extras
+        return ClientUpdate(values, len(self.examples), stats, result.steps, result.losses,
                             time.perf_counter() - start)
 
     def _save(self, state: ClientState, params: dict, upload: list[str], steps: int,

@@ -137,6 +137,31 @@ class ServerOptimizer:
             if state:
                 self.state[name] = state
 
+    @torch.no_grad()
+    def check_step(self, params: Tensors, delta: Tensors, max_ratio: float | None = None) -> str | None:
+        """Why applying Δ would break the global tensors — a value turning NaN/Inf, or a step longer
+        than `max_ratio` × their norm (a diverging server lr) — or None. Tries the rule on copies,
+        one tensor at a time, so nothing changes and the extra memory is one tensor's."""
+        self.steps += 1  # the step being tried (bias correction reads it)
+        step_sq = norm_sq = 0.0
+        try:
+            for name, d in delta.items():
+                w = params[name]
+                trial = w.clone()
+                state = {k: v.clone() for k, v in self.state.get(name, {}).items()}
+                self.rule(trial, d.to(device=w.device, dtype=w.dtype), state, self)
+                if not bool(torch.isfinite(trial).all()):
+                    return f"the server step would make {name!r} non-finite"
+                step_sq += float(torch.linalg.vector_norm(trial - w, dtype=torch.float64)) ** 2
+                norm_sq += float(torch.linalg.vector_norm(w, dtype=torch.float64)) ** 2
+        finally:
+            self.steps -= 1
+        step, norm = math.sqrt(step_sq), math.sqrt(norm_sq)
+        if max_ratio is not None and not step <= max_ratio * max(norm, 1.0):
+            return (f"the server step ({step:.3g}) would be {step / max(norm, 1.0):.3g}× the global tensors' "
+                    f"norm ({norm:.3g}); the limit is federation.max_update_ratio = {max_ratio:g}")
+        return None
+
     def state_dict(self) -> dict:
         """{"steps": int, "state": {tensor name: {"m": Tensor, "v": Tensor}}}: loads with weights_only.
         The tensors are the live moments (as torch.optim's): save or copy them before the next step."""

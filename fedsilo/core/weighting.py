@@ -41,24 +41,67 @@ def client_score(policy: str, n_examples: float, value: float = math.nan) -> flo
     return WEIGHTINGS.get(policy).score(n_examples, value)
 
 
-def _usable(scores: Sequence[float]) -> bool:
-    return all(math.isfinite(s) and s >= 0 for s in scores) and sum(scores) > 0
-
-
 @dataclass(frozen=True)
 class Weights:
     values: list[float]
-    fallback: bool  # True when the policy was degenerate and size weights were used instead
+    fallback: list[bool]  # per client: its score was unusable (NaN, negative, inf), so it took its size share
+    capped: list[bool]    # per client: held at max_client_weight
+
+    @property
+    def any_fallback(self) -> bool:
+        return any(self.fallback)
 
 
-def client_weights(policy: str, sizes: Sequence[float], values: Sequence[float] | None = None) -> Weights:
-    """p_i for one round. Degenerate scores (all zero, a NaN/inf, a negative) fall back to size."""
+def _usable(score: float) -> bool:
+    return math.isfinite(score) and score >= 0
+
+
+def client_weights(policy: str, sizes: Sequence[float], values: Sequence[float] | None = None,
+                   max_weight: float | None = None) -> Weights:
+    """p_i for one round.
+
+    A client whose score is unusable (its ΔL NaN, negative or infinite) falls back alone: it takes
+    its size share n_i/Σn, and the other clients share the rest by their scores. When no usable
+    score is positive, every client falls back to size weights. `max_weight` then caps each p_i,
+    handing the excess to the others in proportion (so one client cannot take the whole round).
+    """
     values = list(values) if values is not None else [math.nan] * len(sizes)
-    scores = [client_score(policy, s, v) for s, v in zip(sizes, values)]
-    fallback = not _usable(scores)
-    if fallback:
-        scores = [float(s) for s in sizes]
-        if not _usable(scores):
-            raise ValueError(f"client sizes {list(sizes)} give no usable weights")
-    total = sum(scores)
-    return Weights([s / total for s in scores], fallback)
+    scores = [client_score(policy, n, v) for n, v in zip(sizes, values)]
+    total_n = float(sum(sizes))
+    if not (math.isfinite(total_n) and total_n > 0):
+        raise ValueError(f"client sizes {list(sizes)} give no usable weights")
+    fallback = [not _usable(s) for s in scores]
+    usable_total = sum(s for s, fb in zip(scores, fallback) if not fb)
+    if usable_total <= 0:
+        fallback = [True] * len(scores)
+    share = sum(n for n, fb in zip(sizes, fallback) if fb) / total_n  # taken by the fallback clients
+    p = [n / total_n if fb else (1 - share) * s / usable_total for n, s, fb in zip(sizes, scores, fallback)]
+    capped = [False] * len(p)
+    if max_weight is not None:
+        p, capped = cap_weights(p, max_weight)
+    return Weights(p, fallback, capped)
+
+
+def cap_weights(p: Sequence[float], cap: float) -> tuple[list[float], list[bool]]:
+    """Water-filling: no weight above `cap`, the excess shared by the others in proportion to their
+    weights (equally among zero-weight ones if only they are left); equal weights if cap < 1/k."""
+    p = [float(x) for x in p]
+    if cap * len(p) <= 1:
+        return [1 / len(p)] * len(p), [True] * len(p)
+    capped = [False] * len(p)
+    while True:
+        over = [i for i, x in enumerate(p) if not capped[i] and x > cap]
+        if not over:
+            return p, capped
+        for i in over:
+            capped[i] = True
+        free = [i for i in range(len(p)) if not capped[i]]
+        rest = 1 - cap * (len(p) - len(free))
+        mass = sum(p[i] for i in free)
+        for i in range(len(p)):
+            if capped[i]:
+                p[i] = cap
+            elif mass > 0:
+                p[i] = rest * p[i] / mass
+            else:
+                p[i] = rest / len(free)

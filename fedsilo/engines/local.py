@@ -49,6 +49,10 @@ class LocalEngine:
     def client_names(self) -> list[str]:
         return list(self.clients)
 
+    @property
+    def client_sizes(self) -> dict[str, int]:
+        return {name: len(c.examples) for name, c in self.clients.items()}
+
     def train_round(self, server: Server, sampled: list[str], round_idx: int, progress: Progress | None) -> dict:
         return run_round(server, self.clients, sampled, round_idx, self.cfg.seed, progress)
 

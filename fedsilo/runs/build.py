@@ -93,8 +93,10 @@ def build_server(cfg: RunConfig, model: torch.nn.Module) -> Server:
     s = cfg.server
     opt = ServerOptimizer(s.optimizer, s.effective_lr, s.momentum, s.beta1, s.beta2, s.tau, v0=s.v0,
                           bias_correction=s.bias_correction)
-    return Server({k: params[k].detach() for k in shared}, opt, cfg.federation.weighting, plan,
-                  cfg.federation.weighting_stat)
+    f = cfg.federation
+    return Server({k: params[k].detach() for k in shared}, opt, f.weighting, plan, f.weighting_stat,
+                  aggregation=f.aggregation, aggregation_options=f.aggregation_options,
+                  max_client_weight=f.max_client_weight, clip_norm=f.clip_norm, max_update_ratio=f.max_update_ratio)
 
 
 def members(cfg: RunConfig, task) -> list[tuple[str, list, object]]:

@@ -5,6 +5,7 @@ interrupted round leaves the previous round's checkpoint as the one resume trust
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tomllib
@@ -29,6 +30,34 @@ def _comparable(cfg: dict) -> dict:
         cfg.get(section, {}).pop(key, None)
     cfg.pop("out_dir", None)
     return cfg
+
+
+def config_hash(cfg: RunConfig) -> str:
+    """What a checkpoint must have been trained under (the config, less what a resume may change)."""
+    text = json.dumps(_comparable(cfg.model_dump(exclude_none=True)), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _structure_problem(state: object, like: dict) -> str | None:
+    """What is wrong with a loaded checkpoint's shape, or None."""
+    if not isinstance(state, dict):
+        return "it is not a dict"
+    missing = [k for k in ("round", "run_id", "config", "server", "clients") if k not in state]
+    if missing:
+        return f"it lacks {', '.join(missing)} (written by another program or an older fedsilo)"
+    if not isinstance(state["round"], int) or not isinstance(state["server"], dict) \
+            or not isinstance(state["server"].get("params"), dict) or "optimizer" not in state["server"]:
+        return "its round or server state has the wrong structure"
+    params = state["server"]["params"]
+    if set(params) != set(like):
+        extra, lacking = sorted(set(params) - set(like)), sorted(set(like) - set(params))
+        return f"its tensors do not match the model (unexpected {extra[:3]}, missing {lacking[:3]})"
+    for name, t in params.items():
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(like[name].shape):
+            return f"tensor {name!r} has the wrong shape"
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return f"tensor {name!r} holds NaN/Inf values"
+    return None
 
 
 class RunDir:
@@ -114,6 +143,29 @@ class RunDir:
             return torch.load(path, map_location=device, weights_only=True)
         except Exception as err:  # noqa: BLE001 - any unreadable file is the same user-facing problem
             raise RunDirError(f"{path} is not a readable fedsilo checkpoint: {err}") from None
+
+    def load_checkpoint(self, path: Path, identity: dict, like: dict,
+                        device: torch.device | str = "cpu") -> dict | None:
+        """A checkpoint of *this* run: right structure, tensors shaped like `like` and finite, the
+        same run id and config hash, and as many rounds in rounds.jsonl as it has done."""
+        state = self.load(path, device)
+        if state is None:
+            return None
+        problem = _structure_problem(state, like)
+        if problem is None and state["run_id"] != identity["run_id"]:
+            problem = f"it belongs to another run (run id {state['run_id']}, this run is {identity['run_id']})"
+        if problem is None and state["config"] != identity["config"]:
+            problem = "it was trained under another config"
+        if problem is None and path == self.checkpoint and "best" not in state:
+            problem = "it lacks the best round's record"
+        if problem is None and path == self.checkpoint:
+            logged = [r["round"] for r in self.read_rounds() if r["round"] <= state["round"]]
+            if logged != list(range(1, state["round"] + 1)):
+                problem = (f"it is at round {state['round']} but {self.rounds.name} holds rounds "
+                           f"{logged[:1] + ['...'] + logged[-1:] if len(logged) > 2 else logged}")
+        if problem:
+            raise RunDirError(f"{path} cannot be resumed: {problem}; start afresh with another --out")
+        return state
 
     def write_results(self, results: dict) -> None:
         atomic_write_bytes(self.results, (json.dumps(results, indent=2) + "\n").encode())

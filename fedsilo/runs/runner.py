@@ -12,12 +12,14 @@ from pathlib import Path
 
 from fedsilo.client.store import make_store
 from fedsilo.config import RunConfig
+from fedsilo.core.tensors import is_finite
 from fedsilo.progress import Progress
 from fedsilo.server import Server, sample_clients
 from fedsilo.tasks.base import MetricSpec, select_best
 
 from .build import build_model, build_server, build_task, store_root
-from .rundir import RunDir, RunDirError
+from .lock import RunLock
+from .rundir import RunDir, RunDirError, config_hash
 
 
 def _dev_line(spec: MetricSpec, dev: dict) -> str:
@@ -26,15 +28,66 @@ def _dev_line(spec: MetricSpec, dev: dict) -> str:
     return f", dev {label} {score:.2f}" if score is not None else ""
 
 
+class RunFailed(RuntimeError):
+    """The run cannot go on: rounds in a row applied no update (every client rejected or missing,
+    or a server step that would break the global model). Its checkpoint stays the last good state."""
+
+
+def _round_warnings(cfg: RunConfig, record: dict) -> list[str]:
+    """What a user must hear about a round beyond rejections (which engines report as they come)."""
+    r, out = record["round"], []
+    for client, entry in record.get("clients", {}).items():
+        if entry.get("fallback"):
+            stat = cfg.federation.weighting_stat or "its statistic"
+            out.append(f"round {r}: {client}'s {stat} is not usable for {cfg.federation.weighting} weights "
+                       "(NaN, negative or infinite); it took its size share")
+        if entry.get("capped"):
+            out.append(f"round {r}: {client}'s weight was capped at {cfg.federation.max_client_weight}")
+    if record.get("skipped"):
+        out.append(f"round {r}: no update applied: {record['skipped']}")
+    return out
+
+
+def _failure_cause(record: dict) -> str:
+    """The reasons in the last failed round: the skip reason, else each client's rejection or absence."""
+    if record.get("skipped") and record.get("clients") and any(
+            not e.get("rejected") for e in record["clients"].values()):
+        return record["skipped"]
+    why = [f"{c}: {e['rejected']}" for c, e in record.get("clients", {}).items() if e.get("rejected")]
+    why += [f"{c}: {m}" for c, m in (record.get("missing_reasons") or {}).items()]
+    return "; ".join(why) or record.get("skipped") or "no client took part"
+
+
+def _check_progress(cfg: RunConfig, logged: list[dict], rounds: int) -> None:
+    """Raise RunFailed after `max_failed_rounds` rounds in a row without an update, or at the last
+    round of a run that never applied one."""
+    streak = 0
+    for record in reversed(logged):
+        if record.get("applied", True):
+            break
+        streak += 1
+    if not streak:
+        return
+    last = logged[-1]
+    finished_empty = last["round"] >= rounds and streak == len(logged)
+    if streak >= cfg.federation.max_failed_rounds or finished_empty:
+        first = last["round"] - streak + 1
+        span = f"round {first}" if streak == 1 else f"rounds {first}-{last['round']}"
+        raise RunFailed(f"{span} applied no update to the global model ({_failure_cause(last)}); the run "
+                        f"stopped (federation.max_failed_rounds = {cfg.federation.max_failed_rounds})")
+
+
 def run_federation(cfg: RunConfig, run: RunDir, engine, server: Server, spec: MetricSpec, task_name: str,
                    resume: bool = False, progress: Progress | None = None, display: dict | None = None) -> dict:
     """Rounds on any engine, model selection on the merged dev set, test of the selected model."""
     progress = progress or Progress(enabled=False)
     run.prepare(cfg, resume)
+    server.register(engine.client_sizes)
     device = next(iter(server.params.values())).device  # checkpoints load where the server lives
+    identity = {"run_id": run.run_id(), "config": config_hash(cfg)}
     rounds = cfg.federation.rounds
     start, best = 1, None
-    state = run.load(run.checkpoint, device) if run.checkpoint.exists() else None
+    state = run.load_checkpoint(run.checkpoint, identity, server.params, device)
     if state is not None:
         server.load_state_dict(state["server"])
         engine.load_state_dict(state["clients"])
@@ -52,8 +105,10 @@ def run_federation(cfg: RunConfig, run: RunDir, engine, server: Server, spec: Me
                                  cfg.federation.sample_count)
         engine.set_round(r)
         record = engine.train_round(server, sampled, r, progress)
-        if record.get("fallback"):
-            progress.warn(f"round {r}: {cfg.federation.weighting} weights were degenerate; size weights used")
+        for message in _round_warnings(cfg, record):
+            progress.warn(message)
+        if not is_finite(server.params):  # the server skips such steps; never checkpoint a broken model
+            raise RunFailed(f"round {r}: the global model holds NaN/Inf values")
         record["dev"] = None
         if r % cfg.federation.eval_every == 0 or r == rounds:
             t0 = time.perf_counter()
@@ -61,17 +116,19 @@ def run_federation(cfg: RunConfig, run: RunDir, engine, server: Server, spec: Me
             candidate = {"key": dev["key"], "round": r, "score": dev["score"]}
             if select_best([c for c in (best, candidate) if c]) is candidate:
                 best = candidate
-                run.save(run.best, {"round": r, "server": server.state_dict(), "clients": engine.state_dict()})
+                run.save(run.best, {"round": r, **identity, "server": server.state_dict(),
+                                    "clients": engine.state_dict()})
             record["dev"] = dev
             record["eval_seconds"] = time.perf_counter() - t0
         progress.log(f"round {r}/{rounds} done in {record['seconds']:.1f}s" +
                      (_dev_line(spec, record["dev"]) if record["dev"] else ""))
         run.append_round(record)
-        run.save(run.checkpoint, {"round": r, "best": best, "server": server.state_dict(),
+        run.save(run.checkpoint, {"round": r, **identity, "best": best, "server": server.state_dict(),
                                   "clients": engine.state_dict()})
         engine.after_checkpoint([r] + ([best["round"]] if best else []))
+        _check_progress(cfg, run.read_rounds(), rounds)
 
-    best_state = run.load(run.best, device)
+    best_state = run.load_checkpoint(run.best, identity, server.params, device)
     if best_state is None:
         raise RunDirError(f"{run.path}: no best.pt; the run has no evaluated round")
     t0 = time.perf_counter()
@@ -86,7 +143,7 @@ def run_federation(cfg: RunConfig, run: RunDir, engine, server: Server, spec: Me
                "metric_spec": spec.describe(), "display": dict(display or {}), "test": test}
     run.write_results(results)
     # Leave the engine where the run ended, so a resume with more rounds continues from there.
-    state = run.load(run.checkpoint, device)
+    state = run.load_checkpoint(run.checkpoint, identity, server.params, device)
     server.load_state_dict(state["server"])
     engine.load_state_dict(state["clients"])
     return results
@@ -116,7 +173,7 @@ def run_local(cfg: RunConfig, run: RunDir, resume: bool = False, progress: Progr
 def run_experiment(cfg: RunConfig, out: str | Path, resume: bool = False, show_progress: bool = True) -> dict:
     """Any paradigm into run directory `out`; returns results.json's content."""
     out = Path(out)
-    with Progress(enabled=show_progress) as progress:
+    with RunLock(out), Progress(enabled=show_progress) as progress:
         if cfg.paradigm != "finetune":
             return run_local(cfg, RunDir(out), resume, progress)
         return _finetune(cfg, out, resume, progress)

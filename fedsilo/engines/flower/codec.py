@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
@@ -40,15 +41,45 @@ def update_to_content(update: ClientUpdate, silo: str) -> RecordDict:
     })
 
 
+class MalformedReply(ValueError):
+    """A client's reply that cannot be read as an update; the server rejects that client."""
+
+
+def _count(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not float(value).is_integer():
+        raise MalformedReply(f"n_examples {value!r} is not a count")
+    return int(value)
+
+
 def content_to_update(content: RecordDict) -> ClientUpdate:
+    """The update in a train reply; `MalformedReply` names what is missing or wrong."""
+    for key, kind in (("arrays", ArrayRecord), ("metrics", MetricRecord)):
+        if key not in content or not isinstance(content[key], kind):
+            raise MalformedReply(f"the reply has no {key!r} record")
     m = content["metrics"]
-    return ClientUpdate(
-        tensors=from_arrays(content["arrays"]), n_examples=int(m["n_examples"]),
-        stats={k[5:]: float(v) for k, v in m.items() if k.startswith("stat:")},
-        steps=int(m["steps"]),
-        losses=list(zip((int(s) for s in m["loss_steps"]), (float(v) for v in m["loss_values"]))),
-        seconds=float(m["seconds"]),
-    )
+    missing = [k for k in ("n_examples", "steps", "seconds", "loss_steps", "loss_values") if k not in m]
+    if missing:
+        raise MalformedReply(f"the reply's metrics lack {', '.join(missing)}")
+    steps, values = list(m["loss_steps"]), list(m["loss_values"])
+    if len(steps) != len(values):
+        raise MalformedReply("the reply's loss_steps and loss_values differ in length")
+    try:
+        tensors = from_arrays(content["arrays"])
+    except Exception as err:  # noqa: BLE001 - any undecodable array is the same rejection
+        raise MalformedReply(f"unreadable arrays: {err}") from None
+    try:
+        return ClientUpdate(
+            tensors=tensors, n_examples=_count(m["n_examples"]),
+            stats={k[5:]: float(v) for k, v in m.items() if k.startswith("stat:")},
+            steps=_count(m["steps"]),
+            losses=list(zip((int(s) for s in steps), (float(v) for v in values))),
+            seconds=float(m["seconds"]),
+        )
+    except MalformedReply:
+        raise
+    except (TypeError, ValueError, OverflowError) as err:
+        raise MalformedReply(f"unreadable metrics: {err}") from None
 
 
 def rows_to_record(rows: list[dict]) -> ConfigRecord:
