@@ -43,4 +43,4 @@ class Progress:
         if self._bar:
             self._bar.console.log(f"[yellow]{message}")
         else:
-            self.console.print(f"fedsilo: warning: {message}", markup=False, highlight=False)
+            self.console.print(f"fedsilo: warning: {message}", markup=False, highlight=False, soft_wrap=True)
