@@ -2,7 +2,7 @@
 
 Both sides train the same model from the same weights on the same batches in the same order with
 the same optimiser; fedsilo adds what federation costs (loading the global tensors, loss logging,
-deltas, streaming Lorar aggregation, the server optimiser, byte accounting). Runs are interleaved
+deltas, the server's safeguards, streaming Lorar aggregation, the server optimiser, byte accounting). Runs are interleaved
 (A B A B ...) so machine noise hits both; the ratio of medians is reported.
 
     python bench/overhead.py [--repeats 3] [--rounds 2] [--max-train 32]
@@ -29,7 +29,10 @@ from fedsilo.server import Server
 def fedsilo_engine(model, task, cfg, init, rounds):
     model.load_state_dict(init)
     params = dict(model.named_parameters())
-    server = Server({k: v.detach() for k, v in params.items()}, ServerOptimizer("sgdm"), "lorar")
+    f = cfg.federation  # the default safeguards: size bounds, the update-norm guard, the tried server step
+    server = Server({k: v.detach() for k, v in params.items()}, ServerOptimizer("sgdm"), "lorar",
+                    max_update_ratio=f.max_update_ratio, clip_norm=f.clip_norm)
+    server.register({s: len(task.examples(s, "train")) for s in task.clients})
     store = MemoryStore()
     clients = {s: SiloClient(s, i, task.examples(s, "train"), task, cfg.client_config(s), model,
                              ExchangePlan(), store, {}) for i, s in enumerate(task.clients)}

@@ -360,3 +360,27 @@ def test_two_concurrent_runs_on_one_directory(tmp_path, capsys):
         _, first_err = first.communicate(timeout=600)
     assert first.returncode == 0, first_err.decode()[-2000:]
     assert [r["round"] for r in rounds_of(out)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_deploy_prints_rejections_fallbacks_and_skips_also_without_progress(tmp_path):
+    """`fedsilo deploy --no-progress` follows rounds.jsonl for warnings only."""
+    import io
+    import json
+
+    from fedsilo.engines.flower.deploy import RoundsPrinter
+
+    path = tmp_path / "rounds.jsonl"
+    stream = io.StringIO()
+    printer = RoundsPrinter(path, total=2, stream=stream, rounds=False)
+    record = {"round": 2, "seconds": 3.0, "applied": False, "skipped": "the server step would make 'w' non-finite",
+              "clients": {"a": {"rejected": "non-finite values"}, "b": {"fallback": True}, "c": {"capped": True}},
+              "missing": ["d"], "missing_reasons": {"d": "no reply within 5s"}}
+    path.write_text(json.dumps(record) + "\n")
+    printer.poll()
+    assert stream.getvalue().splitlines() == [
+        "fedsilo: warning: round 2: rejected a: non-finite values",
+        "fedsilo: warning: round 2: fallback b: its weighting statistic was not usable; it took its size share",
+        "fedsilo: warning: round 2: capped c: its weight was held at federation.max_client_weight",
+        "fedsilo: warning: round 2: missing d: no reply within 5s",
+        "fedsilo: warning: round 2: no update applied: the server step would make 'w' non-finite",
+    ]

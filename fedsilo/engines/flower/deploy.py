@@ -2,9 +2,9 @@
 
 Each SuperNode is given only its own silo's data folder and state folder (node config), as it
 would be on the silo's own machine; the ServerApp runs under the SuperLink and never sees them.
-Every process gets its own process group, so `stop` also ends the ClientApp/ServerApp
-subprocesses Flower starts. docs/flower.md shows the same on separate machines with TLS and
-SuperNode authentication.
+`stop` ends every process the deployment started, also the ClientApp/ServerApp subprocesses Flower
+starts in process groups of their own (found by the deployment's FLWR_HOME in their environment).
+docs/flower.md shows the same on separate machines with TLS and SuperNode authentication.
 
 Flower's processes run with the work folder as their working directory, so every path handed to
 them (work folder, app folder, config, run directory, data and state folders) is made absolute.
@@ -47,6 +47,7 @@ config = ""
 out = ""
 resume = false
 set = ""
+lock = ""
 """
 
 
@@ -75,6 +76,14 @@ def wait_for_port(port: int, timeout: float, proc: subprocess.Popen, log: Path |
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _CAUSE = re.compile(r"^\s*[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt): \S")
+_QUALIFIED = re.compile(r"^[\w.]*\.(\w+: )")
+_FLOWER_REASON = re.compile(r"<class '(?:[\w.]*\.)?(\w+)'>:<'(.*)'>")  # a ClientApp's exception as Flower words it
+
+
+def plain_cause(line: str) -> str:
+    """An exception line as a user reads it: `X: msg` for `pkg.mod.X: msg`, and for Flower's
+    `<class 'pkg.X'>:<'msg'>` (how a ClientApp's exception reaches the ServerApp)."""
+    return _FLOWER_REASON.sub(r"\1: \2", _QUALIFIED.sub(r"\1", line))
 
 
 def log_tail(log: Path, lines: int = 8) -> str:
@@ -87,7 +96,7 @@ def log_tail(log: Path, lines: int = 8) -> str:
     kept = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
     if not kept:
         return f"; {log} is empty"
-    cause = next((ln.strip() for ln in reversed(kept) if _CAUSE.match(ln)), None)
+    cause = next((plain_cause(ln.strip()) for ln in reversed(kept) if _CAUSE.match(ln)), None)
     return (f": {cause}" if cause else "") + f"; last lines of {log}:\n" + "\n".join(
         "    " + ln for ln in kept[-lines:])
 
@@ -121,7 +130,9 @@ def total_rounds(config: Path, overrides: list[str] = ()) -> int | None:
 
 class RoundsPrinter:
     """Follows a run's `rounds.jsonl` while the ServerApp appends to it: `poll` prints one line per
-    newly finished round (time, dev score) plus one per silo rejected or missing in it.
+    newly finished round (time, dev score) plus one per silo rejected, missing, fallen back or capped
+    in it, and one for a skipped update. With `rounds=False` (`--no-progress`) only those warnings
+    are printed, as `fedsilo: warning: round R: ...` lines.
 
     A partly written last line is left until its newline arrives; a rewritten file (a resumed run
     truncates it atomically) is read again from its start, and lines already printed — or present
@@ -129,8 +140,8 @@ class RoundsPrinter:
     """
 
     def __init__(self, path: Path, total: int | None = None, stream: TextIO | None = None,
-                 skip_existing: bool = True) -> None:
-        self.path, self.total, self.stream = Path(path), total, stream
+                 skip_existing: bool = True, rounds: bool = True) -> None:
+        self.path, self.total, self.stream, self.rounds = Path(path), total, stream, rounds
         self._pos, self._ident, self._seen = 0, None, set()
         if skip_existing:
             self._read_new_lines()
@@ -187,11 +198,19 @@ class RoundsPrinter:
         for silo, entry in (clients.items() if isinstance(clients, dict) else ()):
             if isinstance(entry, dict) and entry.get("rejected"):
                 lines.append(f"  rejected {silo}: {entry['rejected']}")
+            if isinstance(entry, dict) and entry.get("fallback"):
+                lines.append(f"  fallback {silo}: its weighting statistic was not usable; it took its size share")
+            if isinstance(entry, dict) and entry.get("capped"):
+                lines.append(f"  capped {silo}: its weight was held at federation.max_client_weight")
         reasons = record.get("missing_reasons")
         reasons = reasons if isinstance(reasons, dict) else {}
         for silo in record.get("missing") or ():
             why = reasons.get(silo)
             lines.append(f"  missing {silo}: {why}" if why else f"  missing {silo}")
+        if record.get("skipped"):
+            lines.append(f"  no update applied: {record['skipped']}")
+        if not self.rounds:  # --no-progress: only what a user must hear, as warnings
+            return [f"fedsilo: warning: round {r}: {line.strip()}" for line in lines[1:]]
         return lines
 
 
@@ -210,6 +229,7 @@ class LocalDeployment:
     port: int = field(default_factory=free_port)
     fleet_port: int | None = None  # where SuperNodes connect, if not the SuperLink's port (a relay)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    lock: str = ""  # the token of the run-directory lock the submitter holds (its ServerApp then takes none)
 
     def __post_init__(self) -> None:
         # Flower's processes run in the work folder: a relative path would be read from there.
@@ -275,7 +295,8 @@ class LocalDeployment:
     def submit(self, config: Path, out: Path, overrides: list[str] = (), resume: bool = False) -> subprocess.Popen:
         """`flwr run` the fedsilo app with this config, streaming the run's log to `flwr-run.log`."""
         run_config = (f"config={config_value(Path(config).resolve())} out={config_value(Path(out).resolve())} "
-                      f"resume={'true' if resume else 'false'} set={config_value(';'.join(overrides))}")
+                      f"resume={'true' if resume else 'false'} set={config_value(';'.join(overrides))}"
+                      + (f" lock={config_value(self.lock)}" if self.lock else ""))
         cmd = [str(Path(sys.executable).parent / "flwr"), "run", str(self.write_app()), "local",
                "--run-config", run_config, "--stream"]
         return self._start("flwr-run", cmd)
@@ -285,12 +306,12 @@ class LocalDeployment:
         """Submit and wait until the run has written its results (the log stream may outlive it).
 
         With `progress`, a line per finished round goes to `stream` (stderr by default). A run that
-        ends without results raises `DeploymentError` quoting the end of `flwr-run.log`.
+        ends without results, or whose SuperLink dies, raises `DeploymentError` naming the cause.
         """
         out = Path(out).resolve()
-        printer = RoundsPrinter(out / "rounds.jsonl", total_rounds(config, overrides), stream) if progress else None
+        printer = RoundsPrinter(out / "rounds.jsonl", total_rounds(config, overrides), stream, rounds=progress)
         proc = self.submit(config, out, overrides, resume)
-        if printer:
+        if progress:
             rounds = f"{printer.total} rounds, " if printer.total else ""
             print(f"run submitted: {rounds}a line as each round finishes (Flower's log: {self.log('flwr-run')})",
                   file=stream or sys.stderr, flush=True)
@@ -298,18 +319,41 @@ class LocalDeployment:
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while not results.exists():
-                if printer:
-                    printer.poll()
+                printer.poll()
+                self._check_superlink(results)
                 if proc.poll() is not None and not results.exists():
                     time.sleep(1)  # the stream may end just before the file lands
+                    self._check_superlink(results)  # the run's end may be a consequence
                     if not results.exists():
-                        raise DeploymentError("the Flower run ended without results" + log_tail(self.log("flwr-run")))
+                        raise DeploymentError(self.name_nodes(
+                            "the Flower run ended without results" + log_tail(self.log("flwr-run"))))
                 if deadline and time.monotonic() > deadline:
                     raise TimeoutError(f"no results in {out} after {timeout}s; see {self.workdir}/*.log")
                 time.sleep(0.5)
         finally:
-            if printer:
-                printer.poll()  # the last rounds, also when the run failed
+            printer.poll()  # the last rounds, also when the run failed
+
+    def _check_superlink(self, results: Path) -> None:
+        """Without the SuperLink no run can go on: say so rather than wait for `flwr run`."""
+        link = self.procs.get("superlink")
+        if link is None or link.poll() is None or results.exists():
+            return
+        code = link.returncode
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        raise DeploymentError(f"the SuperLink (pid {link.pid}) {how}; see {self.log('superlink')}")
+
+    def name_nodes(self, text: str) -> str:
+        """`SuperNode 1234 (silo yelp, log: …)` for the node ids in `text` (each SuperNode logs its id)."""
+        for silo in self.silos:
+            log = self.log(f"supernode-{silo}")
+            try:
+                ids = set(re.findall(r"SuperNode ID: (\d+)", log.read_text(errors="replace")))
+            except OSError:
+                continue
+            for node in ids:
+                named = f"SuperNode {node} (silo {silo}, log: {log})"
+                text = re.sub(rf"SuperNode {node}\b", lambda _, named=named: named, text)
+        return text
 
     def kill(self, name: str) -> None:
         """End one process (and its children) abruptly, as a crashed machine would."""
@@ -320,47 +364,53 @@ class LocalDeployment:
             pass
         proc.wait()
 
-    def stop(self) -> None:
-        for name, proc in self.procs.items():
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                continue
-        for name, proc in self.procs.items():
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill(name)
-        self._reap_strays()
+    def _live(self) -> set[int]:
+        """The processes started here that have not ended, and every other one with this FLWR_HOME."""
+        return {p.pid for p in self.procs.values() if p.poll() is None} | set(self.pids())
 
-    def _reap_strays(self, grace: float = 10.0) -> None:
-        """Flower's own subprocesses (ServerApp, ClientApps) may sit in other process groups."""
+    def stop(self, grace: float = 10.0) -> None:
+        """End every process of this deployment: SIGTERM, then SIGKILL what is left after `grace` s.
+
+        Flower's ServerApp and ClientApps (and the SuperExecs starting them) may sit in process
+        groups of their own, so each process is signalled by pid, found again on every pass (one
+        may start another while the others end)."""
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            for pid in self.pids():
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
+            signalled: set[int] = set()
             deadline = time.monotonic() + grace
-            while self.pids() and time.monotonic() < deadline:
+            while (live := self._live()) and time.monotonic() < deadline:
+                for pid in live - signalled:
+                    try:
+                        os.kill(pid, sig)
+                    except ProcessLookupError:
+                        pass
+                signalled |= live
                 time.sleep(0.2)
 
     def __enter__(self) -> "LocalDeployment":
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:  # a failed start (or SIGTERM during it) leaves nothing running either
+            self.stop()
+            raise
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
 
 def split_silo_data(data_dir: Path, silos: list[str], dest: Path) -> dict[str, Path]:
-    """One folder per silo holding only that silo's files, as each institution would have."""
+    """One folder per silo holding only that silo's files, as each institution would have.
+
+    Copied afresh on every call: a copy left by an earlier deployment could hold files since
+    corrected or removed in `data_dir`."""
+    if not Path(data_dir).is_dir():
+        raise DeploymentError(f"task.data_dir {data_dir}: no such folder")
     out = {}
     for silo in silos:
         own = dest / silo
-        own.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(own, ignore_errors=True)
+        own.mkdir(parents=True)
         for f in Path(data_dir).glob(f"{silo}*"):
-            target = own / f.name
-            if not target.exists():
-                shutil.copy2(f, target)
+            if f.is_file():
+                shutil.copy2(f, own / f.name)
         out[silo] = own
     return out

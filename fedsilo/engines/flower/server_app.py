@@ -6,6 +6,7 @@ learns each silo's name and size from the silos themselves (a `describe` query).
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
@@ -15,7 +16,7 @@ from fedsilo.config import ConfigError, RunConfig, load_config, to_toml
 from fedsilo.progress import Progress
 from fedsilo.server import Server
 
-from .codec import carried_bytes, content_to_update, record_to_rows, to_arrays
+from .codec import MalformedReply, carried_bytes, content_to_update, record_to_rows, to_arrays
 
 
 class FlowerEngine:
@@ -41,11 +42,13 @@ class FlowerEngine:
             time.sleep(0.5)
         msgs = [Message(RecordDict({"config": self._config()}), dst_node_id=n, message_type="query.describe")
                 for n in node_ids]
-        nodes = {}
+        nodes, self.client_sizes = {}, {}
         for reply in self.grid.send_and_receive(msgs, timeout=self.cfg.flower.connect_timeout):
             if reply.has_error():
                 raise ConfigError(f"SuperNode {reply.metadata.src_node_id} failed to start: {reply.error.reason}")
-            nodes[str(reply.content["silo"]["name"])] = reply.metadata.src_node_id
+            name = str(reply.content["silo"]["name"])
+            nodes[name] = reply.metadata.src_node_id
+            self.client_sizes[name] = int(reply.content["metrics"]["n_examples"])
         missing = [s for s in self.client_names if s not in nodes]
         if missing:
             raise ConfigError(f"no SuperNode holds silo(s) {missing}")
@@ -100,8 +103,11 @@ class FlowerEngine:
         for silo in sampled:
             if silo in replies:
                 reply = replies[silo].content
-                reason = server.receive(silo, content_to_update(reply))
-                flower_bytes[silo] = (carried_bytes(reply["arrays"]), carried_bytes(sent[silo]))
+                try:
+                    reason = server.receive(silo, content_to_update(reply))
+                    flower_bytes[silo] = (carried_bytes(reply["arrays"]), carried_bytes(sent[silo]))
+                except MalformedReply as err:
+                    reason = server.reject(silo, str(err))
                 if reason and progress:
                     progress.warn(f"round {round_idx}: rejected {silo}: {reason}")
             if progress:
@@ -148,8 +154,19 @@ class FlowerEngine:
         self.state_round = int(state["store"]["round"])
 
 
-def serve(grid: Grid, cfg: RunConfig, out: Path, resume: bool, show_progress: bool = True) -> dict:
-    """The whole run (rounds, selection, test, report) with Flower carrying the messages."""
+def serve(grid: Grid, cfg: RunConfig, out: Path, resume: bool, show_progress: bool = True,
+          lock_token: str = "") -> dict:
+    """The whole run (rounds, selection, test, report) with Flower carrying the messages.
+
+    One writer per run directory: the run holds its lock unless `lock_token` shows that the process
+    which submitted it (`fedsilo deploy`) holds it already."""
+    from fedsilo.runs.lock import RunLock, held_for
+
+    with nullcontext() if held_for(out, lock_token) else RunLock(out):
+        return _serve(grid, cfg, out, resume, show_progress)
+
+
+def _serve(grid: Grid, cfg: RunConfig, out: Path, resume: bool, show_progress: bool) -> dict:
     from fedsilo.runs.build import build_model, build_server
     from fedsilo.runs.report import write_report
     from fedsilo.runs.rundir import RunDir
@@ -169,7 +186,13 @@ def serve(grid: Grid, cfg: RunConfig, out: Path, resume: bool, show_progress: bo
 
 
 def make_server_app(cfg: RunConfig, out: Path, resume: bool = False, show_progress: bool = True) -> ServerApp:
-    """A ServerApp bound to one fedsilo config (simulation from Python, `fedsilo run --engine flower-sim`)."""
+    """A ServerApp bound to one fedsilo config (simulation from Python, `fedsilo run --engine flower-sim`).
+
+    A run directory in use by another run is refused here, before Flower starts its workers."""
+    from fedsilo.runs.lock import RunLock
+
+    with RunLock(out):
+        pass
     server_app = ServerApp()
 
     @server_app.main()
@@ -184,8 +207,9 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """For `flwr run` / deployment: run config keys `config` (TOML path), `out`, `resume`, `set`."""
+    """For `flwr run` / deployment: run config keys `config` (TOML path), `out`, `resume`, `set`, and
+    `lock` (the token of the run-directory lock `fedsilo deploy` holds for this run)."""
     rc = context.run_config
     cfg = load_config(str(rc["config"]), [s for s in str(rc.get("set", "")).split(";") if s])
     out = Path(str(rc.get("out") or Path(cfg.out_dir) / cfg.name))
-    serve(grid, cfg, out, bool(rc.get("resume", False)), show_progress=False)
+    serve(grid, cfg, out, bool(rc.get("resume", False)), show_progress=False, lock_token=str(rc.get("lock", "")))
