@@ -6,8 +6,12 @@ without results) is one line `fedsilo: error: ...` and exit code 2, never a trac
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import signal
 import sys
+import warnings
+import threading
 from pathlib import Path
 
 from fedsilo import __version__
@@ -78,26 +82,33 @@ def absolute_config(cfg):
 def _cmd_deploy(args: argparse.Namespace) -> int:
     """A real Flower deployment on 127.0.0.1: SuperLink + one SuperNode per silo, then clean up."""
     from fedsilo.config import load_config, to_toml
-    from fedsilo.datafetch import default_data_root, ensure
     from fedsilo.engines.flower.deploy import DeploymentError, LocalDeployment, split_silo_data
+    from fedsilo.runs.lock import RunLock
     from fedsilo.runs.report import print_results, read_results
+    from fedsilo.tasks import TASKS
 
     cfg = absolute_config(load_config(args.config, args.set or []))
     out, work = deploy_paths(cfg, args.out, args.workdir)
-    data_dir = getattr(cfg.task, "data_dir", None)
-    data = Path(data_dir) if data_dir else ensure("text2sql", (default_data_root() / "text2sql").resolve())
-    silos = split_silo_data(data, cfg.task.silos, work / "silo-data")
-    work.mkdir(parents=True, exist_ok=True)
-    config = work / "config.toml"
-    config.write_text(to_toml(cfg))
-    processes = work / "processes"
-    print(f"starting a SuperLink and {len(silos)} SuperNodes on 127.0.0.1 (logs in {processes})",
-          file=sys.stderr, flush=True)
-    try:
-        with LocalDeployment(processes, silos) as dep:
-            dep.run(config, out, resume=args.resume, progress=not args.no_progress)
-    except DeploymentError as err:
-        raise UserError(str(err)) from None
+    with warnings.catch_warnings(record=True) as caught:  # checked here, before any process starts
+        warnings.simplefilter("always", UserWarning)
+        data = TASKS.get(cfg.task.name).data_dir(cfg.task)
+    for w in caught:
+        print(f"fedsilo: warning: {w.message}", file=sys.stderr)
+    # One writer per run directory: held here for the whole deployment; the ServerApp gets the token.
+    with RunLock(out) as lock:
+        try:
+            silos = split_silo_data(data, cfg.task.silos, work / "silo-data")
+            work.mkdir(parents=True, exist_ok=True)
+            config = work / "config.toml"
+            config.write_text(to_toml(cfg))
+            processes = work / "processes"
+            print(f"starting a SuperLink and {len(silos)} SuperNodes on 127.0.0.1 (logs in {processes})",
+                  file=sys.stderr, flush=True)
+            with LocalDeployment(processes, silos) as dep:
+                dep.lock = lock.token
+                dep.run(config, out, resume=args.resume, progress=not args.no_progress)
+        except DeploymentError as err:
+            raise UserError(str(err)) from None
     report = _report(out, show=False)
     results = read_results(out)
     if results:
@@ -168,6 +179,32 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _disk_full(err: OSError, args: argparse.Namespace) -> str:
+    """Say so, and where: a write error often carries no file name, so fall back to the folder asked for."""
+    where = err.filename or next((getattr(args, k) for k in ("out", "run_dir", "dest") if getattr(args, k, None)),
+                                 "the run directory")
+    return (f"the disk is full ({err.strerror}) writing {where}; free some space, then "
+            "run the command again (a run continues from its last complete round with --resume)")
+
+
+class Terminated(BaseException):
+    """SIGTERM (from `timeout` or a scheduler), raised so that it unwinds like Ctrl-C: every `with`
+    on the way out runs, so a deployment stops its processes and a run lock is released."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the clean-up short
+    raise Terminated
+
+
+def _sigterm_unwinds():
+    """Turn SIGTERM into `Terminated` (main thread only); returns what puts the old handler back."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -181,18 +218,31 @@ def main(argv: list[str] | None = None) -> int:
     from fedsilo.datafetch import DataError
     from fedsilo.registry import UnknownChoice
     from fedsilo.runs.rundir import RunDirError
+    from fedsilo.runs.runner import RunFailed
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    restore_sigterm = _sigterm_unwinds()
     try:
         return args.func(args)
     except (UserError, ConfigError, DataError, RunDirError, UnknownChoice, FileNotFoundError,
-            NotADirectoryError, IsADirectoryError, PermissionError) as err:
+            NotADirectoryError, IsADirectoryError, PermissionError, FileExistsError, RunFailed) as err:
         print(f"fedsilo: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        print(f"fedsilo: error: {_disk_full(err, args)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("fedsilo: interrupted; the last complete round's checkpoint is kept (use --resume)", file=sys.stderr)
         return 130
+    except Terminated:
+        print("fedsilo: terminated (SIGTERM); every process it started is stopped, the last complete round's "
+              "checkpoint is kept (use --resume)", file=sys.stderr)
+        return 143
+    finally:
+        restore_sigterm()
 
 
 if __name__ == "__main__":

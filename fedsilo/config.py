@@ -18,6 +18,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, SerializeAsA
 from fedsilo.client.hooks import ROUND_HOOKS
 from fedsilo.client.objective import REGULARIZERS
 from fedsilo.client.optim import CLIENT_OPTIMIZERS
+from fedsilo.core.aggregate import AGGREGATIONS
 from fedsilo.core.exchange import DOWNLOADS, OVERWRITES, SELECTORS
 from fedsilo.core.server_opt import SERVER_OPTIMIZERS
 from fedsilo.core.weighting import WEIGHTINGS
@@ -65,11 +66,13 @@ class ModelConfig(Strict):
     kind: choice(MODEL_KINDS) | None = Field(None, description="seq2seq | encoder; default: the task's")
     name: str | None = Field(None, description="a built-in model name or a local HF checkpoint folder; "
                                                "default: the task's")
-    d_model: int = Field(128, gt=0)
-    d_ff: int = Field(256, gt=0)
-    num_layers: int = Field(2, gt=0)
-    num_decoder_layers: int = Field(2, gt=0)
-    num_heads: int = Field(4, gt=0)
+    # Upper bounds above any published model's (GPT-3: 12288, T5-11B d_ff 65536): beyond them a value is
+    # a typo, and torch overflows or the machine runs out of memory.
+    d_model: int = Field(128, gt=0, le=2**14)
+    d_ff: int = Field(256, gt=0, le=2**18)
+    num_layers: int = Field(2, gt=0, le=1024)
+    num_decoder_layers: int = Field(2, gt=0, le=1024)
+    num_heads: int = Field(4, gt=0, le=1024)
     dropout: float = Field(0.1, ge=0, lt=1)
     device: str = Field("auto", description="auto: cuda when available, else cpu; or any torch device")
     surgery: SurgeryConfig | None = None
@@ -79,7 +82,7 @@ class ClientConfig(Strict):
     epochs: int = Field(1, gt=0)
     lr: FiniteFloat = Field(1e-3, gt=0)
     batch_size: int = Field(8, gt=0)
-    grad_accum: int = Field(1, gt=0, description="batches per optimiser step (the Lorar authors: 16)")
+    grad_accum: int = Field(1, gt=0, lt=2**63, description="batches per optimiser step (the Lorar authors: 16)")
     optimizer: choice(CLIENT_OPTIMIZERS) = "adafactor"
     weight_decay: FiniteFloat = Field(0.0, ge=0)
     logging_steps: int = Field(4, gt=0, description="ΔL windows, in optimiser steps")
@@ -119,6 +122,30 @@ class FederationConfig(Strict):
         None, description="the client statistic the policy reads (delta_loss, mean_loss, loss/<term>, "
                           "metric/<name>); None: the policy's default")
     eval_every: int = Field(1, gt=0)
+    aggregation: choice(AGGREGATIONS) = Field(
+        "mean", description="mean (weighted by the weighting policy), median or trimmed_mean (robust, "
+                            "unweighted: Yin et al. 2018)")
+    aggregation_options: dict[str, Any] = Field(default_factory=dict, description="e.g. {trim = 0.2}")
+    clip_norm: FiniteFloat | None = Field(None, gt=0, description="clip each client's update to this L2 norm")
+    max_client_weight: float | None = Field(
+        None, gt=0, le=1, description="cap on any client's weight p_i; the excess goes to the others")
+    max_update_ratio: FiniteFloat | None = Field(
+        1000.0, gt=0, description="reject a client update, or skip a server step, longer than this many "
+                                  "times the global tensors' norm (None: no limit)")
+    max_failed_rounds: int = Field(
+        3, gt=0, strict=True, description="stop the run after this many rounds in a row applied no update")
+
+    @model_validator(mode="after")
+    def _aggregation(self) -> "FederationConfig":
+        entry = AGGREGATIONS.entry(self.aggregation)
+        if entry.settings is not None:
+            entry.settings.model_validate(self.aggregation_options)
+        elif self.aggregation_options:
+            raise ValueError(f"aggregation {self.aggregation!r} takes no options")
+        if not entry.value.weighted and (self.weighting != "size" or self.weighting_stat or self.max_client_weight):
+            raise ValueError(f"aggregation {self.aggregation!r} counts every client once: "
+                             "federation.weighting / weighting_stat / max_client_weight do not apply")
+        return self
 
 
 class ServerConfig(Strict):
@@ -202,6 +229,16 @@ class RunConfig(Strict):
             raise ValueError(f"[clients.{unknown[0]}] names no {self.task.name} client")
         return self
 
+    @model_validator(mode="after")
+    def _overrides_valid(self) -> "RunConfig":
+        # The override model keeps the types, not the bounds or checks: validate each silo's merged section.
+        for name, override in self.clients.items():
+            try:
+                ClientConfig.model_validate({**self.client.model_dump(), **override.model_dump(exclude_none=True)})
+            except ValidationError as err:
+                raise _TaskSectionError(_where_what(err, prefix=f"clients.{name}")) from None
+        return self
+
     @property
     def persist_optimizer(self) -> bool:
         if self.client.persist_optimizer is not None:
@@ -216,7 +253,8 @@ class RunConfig(Strict):
 
 
 class _TaskSectionError(ValueError):
-    """Raised inside validation; carries the inner location so the message names `task.<key>`."""
+    """Raised inside validation; carries the inner location so the message names `task.<key>` (or
+    `clients.<silo>.<key>`)."""
 
 
 def task_settings(raw: Any) -> TaskSettings:
@@ -234,7 +272,7 @@ def task_settings(raw: Any) -> TaskSettings:
 def _parse_value(text: str) -> Any:
     try:
         return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):
         return text
 
 
@@ -302,6 +340,8 @@ def validate(raw: dict, source: str = "config") -> RunConfig:
 
 def load_config(path: str | Path, assignments: list[str] = ()) -> RunConfig:
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path} is a folder, not a config file")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
@@ -310,6 +350,8 @@ def load_config(path: str | Path, assignments: list[str] = ()) -> RunConfig:
         raise ConfigError(f"{path}: not a text (TOML) file") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML: {err}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid TOML: nested too deeply") from None
     return validate(apply_overrides(raw, list(assignments)), str(path))
 
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["DataError", "Source", "default_data_root", "read_manifest", "find_mirror", "ensure"]
+__all__ = ["DataError", "DataChangedWarning", "Source", "default_data_root", "read_manifest", "find_mirror",
+           "ensure", "differs_from_pins"]
 
 _TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 _URL = "https://raw.githubusercontent.com/{repo}/{commit}/{path}"
@@ -28,6 +29,10 @@ _CHUNK = 1 << 20
 
 class DataError(ValueError):
     """A user-fixable data problem (missing/corrupt file, bad record); the message names the file."""
+
+
+class DataChangedWarning(UserWarning):
+    """Well-formed files in an explicit data folder that differ from the pinned benchmark files."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,15 @@ def ensure(task: str, dest: Path, mirror: Path | None = None, manifest: Path | N
             _log(progress, f"downloading {src.path} ({src.size} bytes) from {src.url}")
             _download(src, target)
     return dest
+
+
+def differs_from_pins(task: str, folder: Path, names: list[str]) -> list[str]:
+    """Those of ``names`` (files in ``folder``) that ``task``'s manifest pins and that differ from the pin.
+
+    Meant for an explicit data folder: a difference is for the caller to warn about (users may edit
+    data), not to refuse; names the manifest does not list are not judged."""
+    pins = {src.path: src for src in read_manifest(_TASKS_DIR / task / "sources.tsv")}
+    return [name for name in names if name in pins and not _is_verified(Path(folder) / name, pins[name])]
 
 
 def _is_verified(path: Path, src: Source) -> bool:

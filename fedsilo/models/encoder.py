@@ -26,7 +26,7 @@ from transformers import (
     PreTrainedModel,
 )
 
-from .seq2seq import minilm_path, resolve_device
+from .seq2seq import fits_in_memory, minilm_path, resolve_device
 
 if TYPE_CHECKING:  # fedsilo.config imports fedsilo.models: ConfigError is imported where raised
     from fedsilo.config import ModelConfig
@@ -40,10 +40,11 @@ def build_encoder(cfg: ModelConfig, seed: int = 0) -> tuple[PreTrainedModel, obj
 
     The same seed gives the same initial weights, the new score head included (torch's global
     generator is left as it was)."""
-    with torch.random.fork_rng(devices=[]):
+    device = resolve_device(cfg.device)
+    with fits_in_memory(cfg, device), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model, tokenizer = _build(cfg)
-    model.to(resolve_device(cfg.device))
+        model.to(device)
     model.eval()
     return model, tokenizer
 

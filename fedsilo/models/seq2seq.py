@@ -7,6 +7,7 @@ checkpoint (t5-small, t5-base, bart-...) loaded unchanged.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -77,11 +78,12 @@ def _minilm2bert(cfg: ModelConfig, tokenizer) -> PreTrainedModel:
 def build_seq2seq(cfg: ModelConfig, seed: int = 0) -> tuple[PreTrainedModel, object]:
     """(model, tokenizer); the same seed gives the same initial weights (torch's global generator
     is left as it was)."""
-    with torch.random.fork_rng(devices=[]):
+    device = resolve_device(cfg.device)
+    with fits_in_memory(cfg, device), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model, tokenizer = _build(cfg)
-    _set_special_tokens(model, tokenizer)
-    model.to(resolve_device(cfg.device))
+        _set_special_tokens(model, tokenizer)
+        model.to(device)
     model.eval()
     return model, tokenizer
 
@@ -104,6 +106,19 @@ def _build(cfg: ModelConfig) -> tuple[PreTrainedModel, object]:
     return model, tokenizer
 
 
+@contextmanager
+def fits_in_memory(cfg: ModelConfig, device: torch.device):
+    """A model too large for this machine is a config error, not an allocator's traceback."""
+    try:
+        yield
+    except (MemoryError, RuntimeError) as err:
+        if not isinstance(err, (MemoryError, torch.OutOfMemoryError)) and "can't allocate memory" not in str(err):
+            raise
+        reason = str(err).split("DefaultCPUAllocator: ")[-1].splitlines()[0]
+        raise ConfigError(f"model: {cfg.name or 'the default model'} does not fit in memory on {device} "
+                          f"({reason}); choose a smaller one (model.d_model, d_ff, num_layers)") from None
+
+
 def resolve_device(name: str) -> torch.device:
     """`auto` picks the GPU when there is one: the same config runs on a laptop and a GPU box."""
     if name == "auto":
@@ -114,4 +129,15 @@ def resolve_device(name: str) -> torch.device:
         raise ConfigError(f"model.device: {err}") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"model.device: {name!r} asked for, but torch sees no CUDA device here")
+    _probe(device, name)
     return device
+
+
+def _probe(device: torch.device, name: str) -> None:
+    """A device torch can name but not use (mps on Linux, meta, cuda:7 on a one-GPU box) is a config
+    error now, not a traceback mid-run."""
+    try:
+        (torch.ones(1, device=device) + 1).item()
+    except Exception as err:  # noqa: BLE001 - backends raise RuntimeError, AssertionError, NotImplementedError
+        reason = str(err).split(". ")[0].splitlines()[0]  # backend messages run to a page
+        raise ConfigError(f"model.device: {name!r} cannot be used here ({reason})") from None

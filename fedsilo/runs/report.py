@@ -98,6 +98,7 @@ def read_rounds(run_dir: str | Path, notes: list[str] | None = None) -> list[dic
             raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
         if not isinstance(record.get("round"), int):
             raise ValueError(f"{path}:{lineno}: not a round record (no integer 'round')")
+        _check_round(record, f"{path}:{lineno}")
         rounds.append(record)
     return rounds
 
@@ -114,7 +115,90 @@ def read_results(run_dir: str | Path) -> dict | None:
         raise ValueError(f"{path}:{err.lineno}: malformed JSON ({err.msg})") from None
     if not isinstance(results, dict):
         raise ValueError(f"{path}:1: expected a JSON object, got {type(results).__name__}")
+    _check_results(results, str(path))
     return results
+
+
+# What the report reads from a record, by type: a hand-edited or foreign file fails on reading,
+# naming file, line and key, never deep inside a table or a plot.
+_NUM = (int, float)
+_KIND = {_NUM: "a number", int: "an integer", str: "a string", list: "a list", dict: "an object"}
+_ROUND = {"seconds": _NUM, "eval_seconds": _NUM, "bytes_up": _NUM, "bytes_down": _NUM, "clients": dict,
+          "missing": list, "dev": dict}
+_CLIENT = {"weight": _NUM, "steps": _NUM, "losses": list, "bytes_up": _NUM, "bytes_down": _NUM}
+_SUMMARY = {"score": _NUM, "key": list, "macro": dict, "pooled": dict, "rows": list}
+_RESULTS = {"name": str, "task": str, "paradigm": str, "rounds": int, "best_round": int, "best_dev": _NUM,
+            "wall_seconds": _NUM, "metric_spec": dict, "display": dict, "test": dict, "subruns": dict}
+_SPEC = {"columns": list, "primary": str, "selection": str, "description": str, "tie_break": str}
+
+
+def _typed(obj: Mapping[str, Any], fields: Mapping[str, Any], where: str) -> None:
+    """Each key of `fields` is absent or null in `obj`, or of its type."""
+    for key, kind in fields.items():
+        value = obj.get(key)
+        if value is not None and not isinstance(value, kind):
+            raise ValueError(f"{where}: {key!r} must be {_KIND[kind]}, got {type(value).__name__}")
+
+
+def _object(value: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: expected an object, got {type(value).__name__}")
+    return value
+
+
+def _numbers(values: Mapping[str, Any], where: str) -> None:
+    for key, value in values.items():
+        if value is not None and not isinstance(value, _NUM):
+            raise ValueError(f"{where}: {key!r} must be a number or null, got {type(value).__name__}")
+
+
+def _check_round(record: Mapping[str, Any], where: str) -> None:
+    _typed(record, _ROUND, where)
+    for name, client in (record.get("clients") or {}).items():
+        client = _object(client, f"{where}: clients.{name}")
+        _typed(client, _CLIENT, f"{where}: clients.{name}")
+        if not all(isinstance(p, list) and len(p) == 2 and all(isinstance(x, _NUM) for x in p)
+                   for p in client.get("losses") or []):
+            raise ValueError(f"{where}: clients.{name}: 'losses' must be a list of [step, loss] pairs")
+    if record.get("dev") is not None:
+        _check_summary(record["dev"], f"{where}: dev")
+
+
+def _check_summary(summary: Mapping[str, Any], where: str) -> None:
+    _typed(summary, _SUMMARY, where)
+    for part in ("macro", "pooled"):
+        _numbers(summary.get(part) or {}, f"{where}.{part}")
+    if not all(isinstance(k, _NUM) for k in summary.get("key") or []):
+        raise ValueError(f"{where}: 'key' must be a list of numbers")
+    for i, row in enumerate(summary.get("rows") or []):
+        row = _object(row, f"{where}.rows[{i}]")
+        if not isinstance(row.get("client"), str):
+            raise ValueError(f"{where}.rows[{i}]: 'client' must be a string")
+        _typed(row, {"metrics": dict}, f"{where}.rows[{i}]")
+        _numbers(row.get("metrics") or {}, f"{where}.rows[{i}].metrics")
+
+
+def _check_results(results: Mapping[str, Any], where: str) -> None:
+    _typed(results, _RESULTS, where)
+    spec = results.get("metric_spec") or {}
+    _typed(spec, _SPEC, f"{where}: metric_spec")
+    for i, col in enumerate(spec.get("columns") or []):
+        col_where = f"{where}: metric_spec.columns[{i}]"
+        _typed(_object(col, col_where), {"fmt": str}, col_where)
+        if not isinstance(col.get("key"), str) or not isinstance(col.get("label"), str):
+            raise ValueError(f"{col_where}: 'key' and 'label' must be strings")
+        try:
+            format(0.0, col.get("fmt") or ".2f")
+        except ValueError:
+            raise ValueError(f"{col_where}: 'fmt' {col['fmt']!r} is not a number format") from None
+    if results.get("test") is not None:
+        _check_summary(results["test"], f"{where}: test")
+    for part in ("display", "subruns"):
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in (results.get(part) or {}).items()):
+            raise ValueError(f"{where}: {part!r} must map names to strings")
+    if any(Path(k).name != k or ".." in Path(v).parts or Path(v).is_absolute()
+           for k, v in (results.get("subruns") or {}).items()):
+        raise ValueError(f"{where}: 'subruns' must name folders inside the run directory")
 
 
 def _read_config(root: Path) -> dict:
@@ -775,7 +859,7 @@ def write_report(run_dir: str | Path, display: Mapping[str, str] | None = None) 
         out += ["## Per-silo runs\n", *sub_lines]
     if (root / "config.toml").is_file():
         out += ["## Config\n", "<details><summary>config.toml</summary>\n", "```toml",
-                (root / "config.toml").read_text().rstrip(), "```", "</details>\n"]
+                _text(root / "config.toml").rstrip(), "```", "</details>\n"]
     report = root / "report.md"
     report.write_text("\n".join(out))
     return report

@@ -32,15 +32,33 @@ class TaskSettings(BaseModel):
 
 @dataclass(frozen=True)
 class TaskPlugin:
+    """How a task is built, and where its data comes from.
+
+    `verify(settings, data_dir)` checks an explicit `task.data_dir` as the cache is checked by its
+    sha256 pins, before the task loads it: it raises `fedsilo.datafetch.DataError` naming the file
+    and what is wrong (a needed file missing, a database that does not open), and warns
+    (`DataChangedWarning`, see `datafetch.differs_from_pins`) where a well-formed file differs from
+    a pinned one, since users may edit data. It runs at every start on every engine (in-process,
+    Flower simulation, each deployed silo on its own copy), so it stays cheap and checks only the
+    files `settings` needs; what the loader parses anyway (records, columns) the loader checks.
+    """
     build: Callable[..., object]          # (settings, tokenizer, data_dir: Path) -> Task
     spec: Callable[[], object]            # () -> the task's MetricSpec (lazy: no data needed)
     data: str | None = None               # datafetch manifest name; None: no fetch
     default_model: dict = field(default_factory=dict)  # model config defaults for this task
+    verify: Callable[[TaskSettings, Path], None] | None = None  # checks an explicit data_dir
 
     def data_dir(self, settings: TaskSettings) -> Path | None:
-        """The task's verified data folder: `data_dir` as given, else fetched into the cache."""
+        """The task's verified data folder: `data_dir` as given (checked by `verify`), else fetched
+        into the cache."""
         if settings.data_dir:
-            return Path(settings.data_dir)
+            path = Path(settings.data_dir)
+            if not path.is_dir():
+                from fedsilo.datafetch import DataError
+                raise DataError(f"task.data_dir: {path} is not a folder")
+            if self.verify is not None:
+                self.verify(settings, path)
+            return path
         if self.data is None:
             return None
         from fedsilo.datafetch import default_data_root, ensure

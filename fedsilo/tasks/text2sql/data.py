@@ -10,15 +10,17 @@ from __future__ import annotations
 import csv
 import json
 import re
+import sqlite3
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedsilo.datafetch import DataError
-from fedsilo.tasks.text2sql.plugin import SILOS
+from fedsilo.datafetch import DataChangedWarning, DataError, differs_from_pins
+from fedsilo.tasks.text2sql.plugin import SILOS, Text2SQLSettings
 
 __all__ = [
-    "SILOS", "DISPLAY", "SPLITS", "DataError", "Example", "substitute",
-    "serialize_schema", "normalise_text", "normalise_sql", "load_silo",
+    "SILOS", "DISPLAY", "SPLITS", "EXEC_DB", "DataError", "Example", "substitute",
+    "serialize_schema", "normalise_text", "normalise_sql", "load_silo", "verify_data_dir",
 ]
 
 DISPLAY = {
@@ -26,6 +28,15 @@ DISPLAY = {
     "scholar": "Scholar", "academic": "Academic", "imdb": "IMDB", "yelp": "Yelp",
 }
 SPLITS = ("train", "dev", "test")
+
+EXEC_DB = {"geography": "geography-db.added-in-2020.sqlite"}
+"""Silo -> SQLite file (in the text2sql data folder) usable for execution match.
+
+Only GeoQuery: Restaurants also ships ``restaurants-db.added-in-2020.sqlite``,
+but its RESTAURANT table names the key column ``RESTAURANT_ID`` where the
+dataset's SQL says ``RESTAURANTalias0.ID``, so most gold queries fail there.
+The other silos ship no database contents.
+"""
 
 # Large silos carry a named question split; small ones a cross-validation fold.
 _NAMED_SPLIT = {"advising", "atis", "geography", "scholar"}
@@ -85,6 +96,12 @@ def serialize_schema(csv_path: str | Path) -> str:
             rows = list(csv.reader(f, skipinitialspace=True))
     except OSError as e:
         raise DataError(f"cannot read schema file {path}: {e.strerror or e}") from None
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise DataError(f"{path}: not a CSV text file ({e})") from None
+    header = [c.strip().lower() for c in rows[0][:2]] if rows else []
+    if header != ["table name", "field name"]:
+        raise DataError(f"{path}: line 1: expected the header 'Table Name, Field Name, ...', "
+                        f"got {rows[0] if rows else 'an empty file'!r}")
     for line_no, row in enumerate(rows[1:], start=2):
         cells = [c.strip() for c in row]
         if not any(cells) or cells[0] == "-":
@@ -109,6 +126,42 @@ def load_silo(data_dir: str | Path, name: str) -> dict[str, list[Example]]:
         for split, example in _record_examples(path, i, record, name, schema):
             out[split].append(example)
     return out
+
+
+def verify_data_dir(settings: Text2SQLSettings, data_dir: Path) -> None:
+    """An explicit ``task.data_dir``, checked as the cache is (the plug-in's ``verify``): the files the
+    selected silos need exist, a database for execution match opens and has tables, and files that
+    differ from the pinned benchmark are warned about. Records and schema columns are checked as
+    they load."""
+    data_dir = Path(data_dir)
+    names = [f"{s}{suffix}" for s in settings.silos for suffix in (".json", "-schema.csv")]
+    databases = [EXEC_DB[s] for s in settings.silos if s in EXEC_DB] if settings.exec_accuracy else []
+    for name in names:
+        if not (data_dir / name).is_file():
+            raise DataError(f"text2sql data file not found: {data_dir / name}")
+    for name in databases:
+        if not (data_dir / name).is_file():
+            raise DataError(f"text2sql database not found: {data_dir / name} (for execution match; "
+                            "task.exec_accuracy = false goes without)")
+        _check_database(data_dir / name)
+    changed = differs_from_pins("text2sql", data_dir, names + databases)
+    if changed:
+        warnings.warn(DataChangedWarning(f"task.data_dir {data_dir}: not the pinned benchmark files (sha256), "
+                                         f"used as they are: {', '.join(changed)}"), stacklevel=2)
+
+
+def _check_database(path: Path) -> None:
+    """Opens read-only and holds tables: what execution match will query."""
+    try:
+        conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
+        try:
+            tables = conn.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0]
+        finally:
+            conn.close()
+    except sqlite3.Error as e:
+        raise DataError(f"{path}: not a readable SQLite database ({e})") from None
+    if not tables:
+        raise DataError(f"{path}: the SQLite database has no tables")
 
 
 def _read_records(path: Path) -> list:
@@ -162,7 +215,10 @@ def _field(obj: dict, key: str, kind: type, where: str):
 def _examples_by_name(record: dict, where: str) -> dict[str, str]:
     """Example value per declared variable: the fallback for empty or absent sentence values."""
     out = {}
-    for k, var in enumerate(record.get("variables", [])):
+    variables = record.get("variables", [])
+    if not isinstance(variables, list):
+        raise DataError(f"{where}: 'variables' must be a list, got {type(variables).__name__}")
+    for k, var in enumerate(variables):
         if not isinstance(var, dict) or not isinstance(var.get("name"), str):
             raise DataError(f"{where}: variables[{k}] must be an object with a string 'name'")
         out[var["name"]] = str(var.get("example", ""))

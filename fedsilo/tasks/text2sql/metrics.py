@@ -13,18 +13,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from fedsilo.tasks.text2sql.data import DataError, normalise_sql
+from fedsilo.tasks.text2sql.data import EXEC_DB, DataError, normalise_sql
 
 __all__ = ["EXEC_DB", "exact_match", "sql_for_execution", "execution_match"]
-
-EXEC_DB = {"geography": "geography-db.added-in-2020.sqlite"}
-"""Silo -> SQLite file (in the text2sql data folder) usable for execution match.
-
-Only GeoQuery: Restaurants also ships ``restaurants-db.added-in-2020.sqlite``,
-but its RESTAURANT table names the key column ``RESTAURANT_ID`` where the
-dataset's SQL says ``RESTAURANTalias0.ID``, so most gold queries fail there.
-The other silos ship no database contents.
-"""
 
 _LITERAL = re.compile(r'"([^"]*)"|\'([^\']*)\'')
 _CODE_JOINS = (

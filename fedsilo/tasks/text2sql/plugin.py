@@ -48,5 +48,11 @@ def _spec():
     return SPEC
 
 
+def _verify(settings: Text2SQLSettings, data_dir) -> None:
+    from .data import verify_data_dir
+    verify_data_dir(settings, data_dir)
+
+
 TASKS.register("text2sql", Text2SQLSettings)(TaskPlugin(
-    build=_build, spec=_spec, data="text2sql", default_model={"kind": "seq2seq", "name": "tiny-t5"}))
+    build=_build, spec=_spec, data="text2sql", default_model={"kind": "seq2seq", "name": "tiny-t5"},
+    verify=_verify))

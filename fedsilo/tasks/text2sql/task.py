@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from fedsilo.tasks.base import Column, Metrics, MetricSpec
 
-from .data import DISPLAY, Example, load_silo
+from .data import DISPLAY, DataError, Example, load_silo
 from .metrics import EXEC_DB, exact_match, execution_match
 from .plugin import Text2SQLSettings
 
@@ -84,6 +84,14 @@ def _cap(examples: list[Example], n: int, key: str) -> list[Example]:
     return [examples[i] for i in sorted(picked)]
 
 
+def _require_splits(raw: dict[str, list[Example]], path: Path) -> None:
+    """A silo trains, selects its model and is tested on its own examples: an empty split is a data
+    error, not a silent row of dashes."""
+    empty = [split for split in SPLITS if not raw[split]]
+    if empty:
+        raise DataError(f"{path}: no {' / '.join(empty)} examples")
+
+
 def train_size(n: int, cfg) -> int:
     """Subsampled train size: a share of the silo, kept within [min_train, max_train] (0 = no cap).
 
@@ -101,6 +109,7 @@ class Text2SQLTask:
     Construction warns (``warnings.warn``, category :class:`TargetLengthWarning`) once per silo where
     more than 10% of some split's gold targets do not fit within ``max_target_length``, naming each
     such split with its count and the cap; the counts are kept in ``fit_counts[silo][split] = (fit, n)``.
+    A silo with an empty train, dev or test split is a :class:`DataError` naming its file.
     """
     name = "text2sql"
     spec = SPEC
@@ -114,6 +123,7 @@ class Text2SQLTask:
         self.splits: dict[str, dict[str, list[Example]]] = {}
         for silo in settings.silos:
             raw = load_silo(self.data_dir, silo)
+            _require_splits(raw, self.data_dir / f"{silo}.json")
             self.splits[silo] = {
                 "train": _cap(raw["train"], train_size(len(raw["train"]), settings), f"{silo}/train"),
                 "dev": _cap(raw["dev"], settings.max_eval, f"{silo}/dev"),
