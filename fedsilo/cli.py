@@ -89,13 +89,13 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
 
     cfg = absolute_config(load_config(args.config, args.set or []))
     out, work = deploy_paths(cfg, args.out, args.workdir)
-    with warnings.catch_warnings(record=True) as caught:  # checked here, before any process starts
-        warnings.simplefilter("always", UserWarning)
-        data = TASKS.get(cfg.task.name).data_dir(cfg.task)
-    for w in caught:
-        print(f"fedsilo: warning: {w.message}", file=sys.stderr)
     # One writer per run directory: held here for the whole deployment; the ServerApp gets the token.
     with RunLock(out) as lock:
+        with warnings.catch_warnings(record=True) as caught:  # the data is checked before any process starts
+            warnings.simplefilter("always", UserWarning)
+            data = TASKS.get(cfg.task.name).data_dir(cfg.task)
+        for w in caught:
+            print(f"fedsilo: warning: {w.message}", file=sys.stderr)
         try:
             silos = split_silo_data(data, cfg.task.silos, work / "silo-data")
             work.mkdir(parents=True, exist_ok=True)

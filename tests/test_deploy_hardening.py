@@ -82,13 +82,17 @@ def test_deploy_cli_copies_silo_data_afresh_and_hands_over_its_lock(tmp_path, mo
     monkeypatch.setattr(cli, "_report", lambda out, show=True: Path(out) / "report.md")
     config = write_experiment(tmp_path, rounds=1)
     argv = ["deploy", str(config), "--out", str(tmp_path / "run"), "--no-progress"]
+    data = tmp_path / "data"
+    (data / "yelp-notes.txt").write_text("stale")
     assert main(argv) == 0, capsys.readouterr().err
-    (tmp_path / "data" / "yelp.json").write_text("[]")
-    (tmp_path / "data" / "yelp-schema.csv").unlink()
+    corrected = json.dumps(json.loads((data / "yelp.json").read_text()), indent=1)  # still valid data
+    (data / "yelp.json").write_text(corrected)
+    (data / "yelp-notes.txt").unlink()
     assert main(argv) == 0, capsys.readouterr().err
     first, second = FakeDeployment.runs
-    assert set(first["files"]["yelp"]) == {"yelp.json", "yelp-schema.csv"}
-    assert second["files"]["yelp"] == {"yelp.json": "[]"}
+    assert set(first["files"]["yelp"]) == {"yelp.json", "yelp-schema.csv", "yelp-notes.txt"}
+    assert set(second["files"]["yelp"]) == {"yelp.json", "yelp-schema.csv"}
+    assert second["files"]["yelp"]["yelp.json"] == corrected
     assert first["lock_held"] and second["lock_held"]
 
 
