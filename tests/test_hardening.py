@@ -218,6 +218,36 @@ def test_malformed_flower_replies_are_rejected_clients_not_crashes():
     assert not record["applied"]
 
 
+def test_malformed_or_foreign_evaluation_rows_leave_that_silo_out():
+    """A silo's evaluate reply must hold its own numeric rows; otherwise it is left out of the
+    evaluation (with the reason), never a crash and never counted for another silo."""
+    from flwr.app import ConfigRecord, RecordDict
+
+    from fedsilo.engines.flower.codec import rows_to_record
+    from fedsilo.engines.flower.server_app import FlowerEngine
+    from fedsilo.progress import Progress
+
+    def content(rows):
+        return RecordDict({"rows": rows_to_record(rows)})
+
+    replies = {
+        "alpha": content([{"client": "alpha", "task": "toyrank", "stats": {"questions": 4, "ap_sum": 2.0}}]),
+        "beta": content([{"client": "alpha", "task": "toyrank", "stats": {"questions": 400, "ap_sum": 400.0}}]),
+        "gamma": RecordDict({"rows": ConfigRecord({"rows": "{not json"})}),
+    }
+    engine = FlowerEngine.__new__(FlowerEngine)
+    engine.cfg, engine.config_text, engine.run_key = toy_config(), "", "k"
+    engine._exchange = lambda silos, kind, contents, group: (
+        {s: SimpleNamespace(content=replies[s]) for s in silos}, {})
+    warned = []
+    progress = Progress(enabled=False)
+    progress.warn = warned.append
+    rows = engine.evaluate(_server(), "dev", progress)
+    assert rows == [{"client": "alpha", "task": "toyrank", "stats": {"questions": 4, "ap_sum": 2.0}}]
+    assert "beta (rejected: an evaluation row is not beta's own" in warned[0]
+    assert "gamma (rejected: unreadable evaluation rows" in warned[0]
+
+
 # --- runs that cannot go on stop with an error; checkpoints must be this run's ---
 
 def _write_config(tmp_path, **sections) -> Path:

@@ -45,7 +45,7 @@ class MalformedReply(ValueError):
     """A client's reply that cannot be read as an update; the server rejects that client."""
 
 
-def _count(value) -> int:
+def count(value) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or not float(value).is_integer():
         raise MalformedReply(f"n_examples {value!r} is not a count")
@@ -70,9 +70,9 @@ def content_to_update(content: RecordDict) -> ClientUpdate:
         raise MalformedReply(f"unreadable arrays: {err}") from None
     try:
         return ClientUpdate(
-            tensors=tensors, n_examples=_count(m["n_examples"]),
+            tensors=tensors, n_examples=count(m["n_examples"]),
             stats={k[5:]: float(v) for k, v in m.items() if k.startswith("stat:")},
-            steps=_count(m["steps"]),
+            steps=count(m["steps"]),
             losses=list(zip((int(s) for s in steps), (float(v) for v in values))),
             seconds=float(m["seconds"]),
         )
@@ -91,5 +91,23 @@ def rows_to_record(rows: list[dict]) -> ConfigRecord:
     return ConfigRecord({"rows": json.dumps(rows)})
 
 
-def record_to_rows(record: ConfigRecord) -> list[dict]:
-    return json.loads(str(record["rows"]))
+def _numbers(value) -> bool:
+    if isinstance(value, list):
+        return all(_numbers(v) for v in value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def content_to_rows(content: RecordDict, silo: str) -> list[dict]:
+    """The rows of an evaluate reply: this silo's own rows of numeric statistics, else `MalformedReply`
+    (a silo cannot report statistics for another)."""
+    try:
+        rows = json.loads(str(content["rows"]["rows"]))
+    except (KeyError, TypeError, ValueError) as err:
+        raise MalformedReply(f"unreadable evaluation rows: {err}") from None
+    if not isinstance(rows, list):
+        raise MalformedReply("the evaluation rows are not a list")
+    for row in rows:
+        if not isinstance(row, dict) or row.get("client") != silo or not isinstance(row.get("stats"), dict) \
+                or not all(_numbers(v) for v in row["stats"].values()):
+            raise MalformedReply(f"an evaluation row is not {silo}'s own numeric statistics")
+    return rows

@@ -16,7 +16,7 @@ from fedsilo.config import ConfigError, RunConfig, load_config, to_toml
 from fedsilo.progress import Progress
 from fedsilo.server import Server
 
-from .codec import MalformedReply, carried_bytes, content_to_update, record_to_rows, to_arrays
+from .codec import MalformedReply, count, carried_bytes, content_to_rows, content_to_update, to_arrays
 
 
 class FlowerEngine:
@@ -46,9 +46,13 @@ class FlowerEngine:
         for reply in self.grid.send_and_receive(msgs, timeout=self.cfg.flower.connect_timeout):
             if reply.has_error():
                 raise ConfigError(f"SuperNode {reply.metadata.src_node_id} failed to start: {reply.error.reason}")
-            name = str(reply.content["silo"]["name"])
+            try:
+                name = str(reply.content["silo"]["name"])
+                size = count(reply.content["metrics"]["n_examples"])
+            except (KeyError, TypeError, MalformedReply) as err:
+                raise ConfigError(f"SuperNode {reply.metadata.src_node_id} described its silo wrongly: {err}") from None
             nodes[name] = reply.metadata.src_node_id
-            self.client_sizes[name] = int(reply.content["metrics"]["n_examples"])
+            self.client_sizes[name] = size
         missing = [s for s in self.client_names if s not in nodes]
         if missing:
             raise ConfigError(f"no SuperNode holds silo(s) {missing}")
@@ -125,12 +129,22 @@ class FlowerEngine:
         content = RecordDict({"arrays": to_arrays(server.params),
                               "config": self._config(split=split, final=final, **{"state-round": self.state_round})})
         names = self.client_names
+        from fedsilo.runs.runner import RunFailed
+
         replies, missing = self._exchange(names, "evaluate", {s: content for s in names}, f"eval-{split}")
-        if not replies:
-            raise RuntimeError(f"no silo answered the {split} evaluation: {missing}")
+        rows = []
+        for silo in names:
+            if silo in replies:
+                try:
+                    rows += content_to_rows(replies[silo].content, silo)
+                except MalformedReply as err:
+                    missing[silo] = f"rejected: {err}"
+        if not rows:
+            raise RunFailed(f"no silo answered the {split} evaluation: {missing}")
         if missing and progress:
-            progress.warn(f"{split} evaluation without {', '.join(sorted(missing))}")
-        return [row for s in names if s in replies for row in record_to_rows(replies[s].content["rows"])]
+            without = "; ".join(f"{s} ({why})" for s, why in sorted(missing.items()))
+            progress.warn(f"{split} evaluation without {without}")
+        return rows
 
     # Client state lives in stores on the silos' disks; the server tells them which round's state
     # to use (evaluation) and which rounds a checkpoint still refers to (they prune the rest).
