@@ -1,19 +1,30 @@
 """Atomic file writes: a temporary file, fsync, then a rename, so a reader (or a resume) never sees
-a half-written file."""
+a half-written file; a failed write (a full disk) leaves no .tmp behind and names the file."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """`write(fh)` into `path.tmp`, then rename it to `path`."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "wb") as fh:
-            fh.write(data)
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
-    except OSError as err:  # a full disk: no .tmp left behind, and the error names the file
+    except BaseException as err:
         tmp.unlink(missing_ok=True)
-        raise OSError(err.errno, err.strerror, str(path)) from None
+        # torch.save wraps a write error in a RuntimeError, keeping the OSError as its context
+        cause = err if isinstance(err, OSError) else err.__context__ if isinstance(err, RuntimeError) else None
+        if isinstance(cause, OSError):
+            raise OSError(cause.errno, cause.strerror, str(path)) from None
+        raise
     os.replace(tmp, path)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    atomic_write(path, lambda fh: fh.write(data))

@@ -162,7 +162,7 @@ class Server:
         delta, reason, clipped_from = self._delta(client, update)
         if reason:
             entry["rejected"] = reason
-            if not isinstance(update.n_examples, int) or not math.isfinite(update.n_examples):
+            if not isinstance(update.n_examples, int):
                 entry["n_examples"] = None  # keep rounds.jsonl valid JSON
         else:
             if clipped_from is not None:

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fedsilo.registry import Registry
 
 from .tensors import Tensors
-from .weighting import WEIGHTINGS, Weights, client_score, client_weights
+from .weighting import WEIGHTINGS, Weights, client_score, client_weights, usable_score
 
 
 class TrimSettings(BaseModel):
@@ -141,7 +141,7 @@ class RoundAggregator:
             self.buffered.append({k: _to_acc(t, self.like.get(k)) for k, t in update.items()})
         else:
             score = client_score(self.policy, n_examples, value)
-            if math.isfinite(score) and score >= 0:
+            if usable_score(score):
                 self.scored.add(update, score)
             else:
                 self.fallen = self.fallen or StreamingMean(self.like)

@@ -52,7 +52,8 @@ class Weights:
         return any(self.fallback)
 
 
-def _usable(score: float) -> bool:
+def usable_score(score: float) -> bool:
+    """A score a weight can be formed from (else that client falls back to its size share)."""
     return math.isfinite(score) and score >= 0
 
 
@@ -70,7 +71,7 @@ def client_weights(policy: str, sizes: Sequence[float], values: Sequence[float] 
     total_n = float(sum(sizes))
     if not (math.isfinite(total_n) and total_n > 0):
         raise ValueError(f"client sizes {list(sizes)} give no usable weights")
-    fallback = [not _usable(s) for s in scores]
+    fallback = [not usable_score(s) for s in scores]
     usable_total = sum(s for s, fb in zip(scores, fallback) if not fb)
     if usable_total <= 0:
         fallback = [True] * len(scores)

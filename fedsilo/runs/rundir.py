@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from fedsilo.config import RunConfig, to_toml
-from fedsilo.fileio import atomic_write_bytes
+from fedsilo.fileio import atomic_write, atomic_write_bytes
 
 # Keys that may change between a run and its resume without changing its past.
 RESUMABLE_CHANGES = {("federation", "rounds")}
@@ -130,21 +130,7 @@ class RunDir:
         atomic_write_bytes(self.rounds, "".join(json.dumps(r) + "\n" for r in keep).encode())
 
     def save(self, path: Path, state: dict) -> None:
-        """Atomically; on a write error (a full disk) the .tmp is removed and the OSError names `path`
-        (torch wraps it in a RuntimeError, keeping the OSError as its context)."""
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            with open(tmp, "wb") as fh:
-                torch.save(state, fh)
-                fh.flush()
-                os.fsync(fh.fileno())
-        except BaseException as err:
-            tmp.unlink(missing_ok=True)
-            cause = err if isinstance(err, OSError) else err.__context__ if isinstance(err, RuntimeError) else None
-            if isinstance(cause, OSError):
-                raise OSError(cause.errno, cause.strerror, str(path)) from None
-            raise
-        os.replace(tmp, path)
+        atomic_write(path, lambda fh: torch.save(state, fh))
 
     def load(self, path: Path, device: torch.device | str = "cpu") -> dict | None:
         if not path.exists():
