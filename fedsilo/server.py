@@ -15,7 +15,7 @@ import torch
 from fedsilo.core.aggregate import AGGREGATIONS, RoundAggregator
 from fedsilo.core.exchange import ExchangePlan
 from fedsilo.core.server_opt import ServerOptimizer
-from fedsilo.core.tensors import Tensors, clone, is_finite, nbytes
+from fedsilo.core.tensors import Tensors, clone, is_finite, nbytes, numel
 from fedsilo.core.weighting import WEIGHTINGS
 
 
@@ -100,7 +100,8 @@ class Server:
         self.round = 0
         self._agg: RoundAggregator | None = None
         self._record: dict = {}
-        self._sent: dict[str, int] = {}
+        self._sent: dict[str, int] = {}  # bytes sent to each client this round
+        self._sent_params: dict[str, int] = {}
 
     def register(self, sizes: dict[str, int]) -> None:
         """Each silo's size as known before any round: the bound on the size it may report."""
@@ -110,19 +111,21 @@ class Server:
         self.round = round_idx
         self._agg = RoundAggregator(self.weighting, like=self.params, rule=self.aggregation,
                                     options=self.aggregation_options, max_weight=self.max_client_weight)
-        self._record, self._sent = {}, {}
+        self._record, self._sent, self._sent_params = {}, {}, {}
 
     def payload(self, client: str) -> Tensors:
         """The tensors this client receives this round; their bytes are counted as sent."""
         names = self.plan.choose_download(self.round, list(self.params), self.uploaded.get(client))
         tensors = {k: self.params[k] for k in names}
         self._sent[client] = nbytes(tensors)
+        self._sent_params[client] = numel(tensors)
         return tensors
 
     def reject(self, client: str, reason: str) -> str:
         """Record a client whose reply could not even be read as an update (a malformed message)."""
         self._record[client] = {"n_examples": None, "weight": None, "bytes_down": self._sent.get(client, 0),
-                                "bytes_up": 0, "rejected": reason}
+                                "bytes_up": 0, "params_down": self._sent_params.get(client, 0), "params_up": 0,
+                                "rejected": reason}
         return reason
 
     def _delta(self, client: str, update: ClientUpdate) -> tuple[Tensors | None, str | None, float | None]:
@@ -157,6 +160,7 @@ class Server:
             "delta_loss": _json_number(update.delta_loss), "mean_loss": _json_number(update.mean_loss),
             "terms": {k[5:]: _json_number(v) for k, v in update.stats.items() if k.startswith("loss/")},
             "bytes_up": nbytes(update.tensors), "bytes_down": self._sent.get(client, 0),
+            "params_up": numel(update.tensors), "params_down": self._sent_params.get(client, 0),
             "seconds": update.seconds, "weight": None,
         }
         delta, reason, clipped_from = self._delta(client, update)
@@ -199,6 +203,8 @@ class Server:
                   "applied": skipped is None, "clients": self._record,
                   "bytes_up": sum(c["bytes_up"] for c in self._record.values()),
                   "bytes_down": sum(self._sent.values()),
+                  "params_up": sum(c["params_up"] for c in self._record.values()),
+                  "params_down": sum(self._sent_params.values()),
                   "sent": dict(self._sent)}
         if skipped:
             record["skipped"] = skipped

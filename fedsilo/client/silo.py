@@ -28,6 +28,12 @@ def client_seed(seed: int, round_idx: int, silo_idx: int) -> int:
     return (seed * 1_000_003 + round_idx * 10_007 + silo_idx) % (2**63)
 
 
+def federated_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """The parameters federation deals in: the trainable ones. A frozen parameter (sinusoidal
+    positions) is the same on every client by construction, so it is never sent or stored."""
+    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+
 def load_tensors(model: torch.nn.Module, *tensor_sets: Tensors) -> None:
     """Copy named tensors into the model's parameters (later sets win)."""
     params = dict(model.named_parameters())
@@ -44,7 +50,7 @@ class SiloClient:
         self.name, self.index = name, index
         self.examples, self.task, self.cfg = examples, task, cfg
         self.model, self.plan, self.store = model, plan, store
-        self.shared_names, self.private_names = plan.split(n for n, _ in model.named_parameters())
+        self.shared_names, self.private_names = plan.split(federated_parameters(model))
         self.initial = initial  # the initial private tensors (one copy shared by all clients)
         self.persist_optimizer = persist_optimizer
 
@@ -97,7 +103,7 @@ class SiloClient:
             tracked_terms=self.cfg.tracked_terms, seed=run_seed, step_offset=int(state.meta.get("steps_done", 0)),
             max_grad_norm=self.cfg.max_grad_norm or None, optimizer_state=restore, on_step=on_step,
         )
-        params = dict(self.model.named_parameters())
+        params = federated_parameters(self.model)
         with torch.no_grad():
             now = {k: params[k].detach() for k in self.shared_names}
             own = state.slot("own")  # all tensors when the plan keeps everything, else the private ones

@@ -13,17 +13,24 @@ def clone(tensors: Mapping[str, torch.Tensor]) -> Tensors:
     return {k: v.detach().clone() for k, v in tensors.items()}
 
 
-def nbytes(tensors: Mapping[str, torch.Tensor]) -> int:
-    """Bytes on the wire: each distinct storage region once, so tied weights count once."""
+def _distinct(tensors: Mapping[str, torch.Tensor]):
+    """Each distinct storage region once, so tied weights count once."""
     seen: set[tuple[int, int, tuple[int, ...]]] = set()
-    total = 0
     for t in tensors.values():
         key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
-        if key in seen:
-            continue
-        seen.add(key)
-        total += t.numel() * t.element_size()
-    return total
+        if key not in seen:
+            seen.add(key)
+            yield t
+
+
+def nbytes(tensors: Mapping[str, torch.Tensor]) -> int:
+    """Bytes on the wire (tied weights once)."""
+    return sum(t.numel() * t.element_size() for t in _distinct(tensors))
+
+
+def numel(tensors: Mapping[str, torch.Tensor]) -> int:
+    """Parameters on the wire (tied weights once): what the paper counts, independent of dtype."""
+    return sum(t.numel() for t in _distinct(tensors))
 
 
 def is_finite(tensors: Mapping[str, torch.Tensor]) -> bool:

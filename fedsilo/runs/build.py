@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from fedsilo.client.silo import SiloClient
+from fedsilo.client.silo import SiloClient, federated_parameters
 from fedsilo.client.store import ClientStore
 from fedsilo.config import RunConfig
 from fedsilo.core.exchange import ExchangePlan
@@ -65,7 +65,7 @@ def build_task(cfg: RunConfig, tokenizer, clients: list[str] | None = None):
 
 def initial_private(model: torch.nn.Module, plan: ExchangePlan) -> Tensors:
     """Initial values of the private tensors: one copy, the start of every client."""
-    params = dict(model.named_parameters())
+    params = federated_parameters(model)
     _, private = plan.split(params)
     return {k: params[k].detach().clone() for k in private}
 
@@ -75,7 +75,7 @@ def check_plan(model: torch.nn.Module, plan: ExchangePlan) -> None:
     from fedsilo.config import ConfigError
     from fedsilo.core.exchange import matches
 
-    names = [n for n, _ in model.named_parameters()]
+    names = list(federated_parameters(model))
     for key, patterns in (("exchange.shared", plan.shared), ("exchange.private", plan.private)):
         for p in patterns:
             if not any(matches(n, [p]) for n in names):
@@ -88,7 +88,7 @@ def build_server(cfg: RunConfig, model: torch.nn.Module) -> Server:
     """The server over the model's shared tensors, as the config's exchange plan splits them."""
     plan = exchange_plan(cfg)
     check_plan(model, plan)
-    params = dict(model.named_parameters())
+    params = federated_parameters(model)
     shared, _ = plan.split(params)
     s = cfg.server
     opt = ServerOptimizer(s.optimizer, s.effective_lr, s.momentum, s.beta1, s.beta2, s.tau, v0=s.v0,
