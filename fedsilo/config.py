@@ -76,10 +76,15 @@ class ModelConfig(Strict):
     dropout: float = Field(0.1, ge=0, lt=1)
     device: str = Field("auto", description="auto: cuda when available, else cpu; or any torch device")
     surgery: SurgeryConfig | None = None
+    init_from: str | None = Field(None, description="start from this run directory's best.pt (the global "
+                                                    "model) or a checkpoint file, e.g. a generic engine")
 
 
 class ClientConfig(Strict):
     epochs: int = Field(1, gt=0)
+    steps: int | None = Field(None, gt=0, description="optimiser steps per round, passes over the data "
+                                                      "repeated as needed (the paper's 10K-step rounds); "
+                                                      "None: `epochs` full passes")
     lr: FiniteFloat = Field(1e-3, gt=0)
     batch_size: int = Field(8, gt=0)
     grad_accum: int = Field(1, gt=0, lt=2**63, description="batches per optimiser step (the Lorar authors: 16)")

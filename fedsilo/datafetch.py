@@ -3,7 +3,9 @@
 Each task ships ``fedsilo/tasks/<task>/sources.tsv`` (path, size, sha256, repo,
 path-in-repo, commit) - metadata only, never data.  :func:`ensure` makes
 ``dest/<path>`` match it: keep a verified copy, else copy from a mirror, else
-download the pinned commit from raw.githubusercontent.com.  Files are written
+download the pinned commit from raw.githubusercontent.com.  A file with no public
+repository (repo and commit ``-``) comes from a mirror only; its path-in-repo
+column then says where it was built from.  Files are written
 to a temporary name and renamed only once their hash checks out, so a
 destination path never holds a partial or wrong file.
 """
@@ -25,6 +27,7 @@ __all__ = ["DataError", "DataChangedWarning", "Source", "default_data_root", "re
 _TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 _URL = "https://raw.githubusercontent.com/{repo}/{commit}/{path}"
 _CHUNK = 1 << 20
+_NO_REPO = "-"
 
 
 class DataError(ValueError):
@@ -45,6 +48,11 @@ class Source:
     repo: str
     repo_path: str
     commit: str
+
+    @property
+    def mirror_only(self) -> bool:
+        """No public download (repo ``-``): ``repo_path`` describes the file's origin instead."""
+        return self.repo == _NO_REPO
 
     @property
     def url(self) -> str:
@@ -108,6 +116,9 @@ def ensure(task: str, dest: Path, mirror: Path | None = None, manifest: Path | N
             _log(progress, f"copying {src.path} from {local}")
             with local.open("rb") as f:
                 _install(f, target, src, origin=str(local))
+        elif src.mirror_only:
+            raise DataError(f"{src.path} has no public download ({src.repo_path}); "
+                            f"set FEDSILO_DATA_MIRROR to a folder holding it")
         else:
             _log(progress, f"downloading {src.path} ({src.size} bytes) from {src.url}")
             _download(src, target)
@@ -128,10 +139,15 @@ def _is_verified(path: Path, src: Source) -> bool:
     return path.is_file() and path.stat().st_size == src.size and _sha256_file(path) == src.sha256
 
 
+MIRROR_FOLDERS = {"translation": "nmt"}
+"""Tasks whose folder in the shared data mirror has another name than the task."""
+
+
 def _mirror_file(mirror: Path | None, task: str, rel: str) -> Path | None:
     if mirror is None:
         return None
-    return next((p for p in (mirror / task / rel, mirror / rel) if p.is_file()), None)
+    folders = dict.fromkeys([task, MIRROR_FOLDERS.get(task, task)])
+    return next((p for p in (*(mirror / f / rel for f in folders), mirror / rel) if p.is_file()), None)
 
 
 def _download(src: Source, target: Path) -> None:

@@ -103,3 +103,12 @@ def test_training_leaves_the_global_generator_alone():
     torch.manual_seed(123)
     run(4, epochs=1, seed=7)
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_steps_per_round_repeat_passes_as_needed_and_stop_exactly():
+    r = run(4, epochs=1, batch_size=2, max_steps=5)       # 2 steps per pass: 2.5 passes
+    assert r.steps == 5
+    r = run(4, epochs=9, batch_size=2, max_steps=3)       # steps win over epochs
+    assert r.steps == 3
+    r = run(8, epochs=1, batch_size=1, grad_accum=2, max_steps=3)
+    assert r.steps == 3

@@ -142,3 +142,34 @@ def test_download_failure_is_a_data_error(mirror, tmp_path, monkeypatch):
     monkeypatch.setattr(datafetch, "find_mirror", lambda: None)
     with pytest.raises(DataError, match="cannot download a.json .*FEDSILO_DATA_MIRROR"):
         ensure("toy", tmp_path / "dest", manifest=manifest, progress=False)
+
+
+def _mirror_only_manifest(tmp_path, data: bytes) -> Path:
+    manifest = tmp_path / "mirror-only.tsv"
+    manifest.write_text("path\tsize\tsha256\trepo\tpath_in_repo\tcommit\n"
+                        f"ui/strings.tsv.gz\t{len(data)}\t{_sha(data)}\t-\t"
+                        "built from Debian 12 packages' message catalogs; see docs/translation.md\t-\n")
+    return manifest
+
+
+def test_mirror_only_source_without_mirror_is_a_data_error(tmp_path, monkeypatch):
+    """No public repository: never a download (urlopen refuses above), a pointed message instead."""
+    manifest = _mirror_only_manifest(tmp_path, b"catalog\tde\ten\n")
+    (source,) = read_manifest(manifest)
+    assert source.mirror_only
+    monkeypatch.setattr(datafetch, "find_mirror", lambda: None)
+    with pytest.raises(DataError) as err:
+        ensure("toy", tmp_path / "dest", manifest=manifest, progress=False)
+    assert str(err.value) == ("ui/strings.tsv.gz has no public download (built from Debian 12 packages' message "
+                              "catalogs; see docs/translation.md); set FEDSILO_DATA_MIRROR to a folder holding it")
+    with pytest.raises(DataError, match="has no public download"):  # a mirror without the file: the same
+        ensure("toy", tmp_path / "dest", mirror=tmp_path / "empty", manifest=manifest, progress=False)
+
+
+def test_mirror_only_source_is_copied_from_a_mirror(tmp_path):
+    data = b"catalog\tde\ten\n"
+    manifest = _mirror_only_manifest(tmp_path, data)
+    (tmp_path / "mirror" / "toy" / "ui").mkdir(parents=True)
+    (tmp_path / "mirror" / "toy" / "ui" / "strings.tsv.gz").write_bytes(data)
+    ensure("toy", tmp_path / "dest", mirror=tmp_path / "mirror", manifest=manifest, progress=False)
+    assert (tmp_path / "dest" / "ui" / "strings.tsv.gz").read_bytes() == data

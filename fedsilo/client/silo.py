@@ -55,6 +55,8 @@ class SiloClient:
         self.persist_optimizer = persist_optimizer
 
     def planned_steps(self) -> int:
+        if self.cfg.steps:
+            return self.cfg.steps
         batches = -(-len(self.examples) // self.cfg.batch_size)
         accum = self.cfg.grad_accum
         per_epoch = 1 if batches <= accum else batches // accum
@@ -102,6 +104,7 @@ class SiloClient:
             regularizers=self.cfg.regularizers, anchor={k: received[k] for k in received if k in self.shared_names},
             tracked_terms=self.cfg.tracked_terms, seed=run_seed, step_offset=int(state.meta.get("steps_done", 0)),
             max_grad_norm=self.cfg.max_grad_norm or None, optimizer_state=restore, on_step=on_step,
+            max_steps=self.cfg.steps,
         )
         params = federated_parameters(self.model)
         with torch.no_grad():

@@ -79,6 +79,7 @@ def train_local(
     max_grad_norm: float | None = 1.0,
     optimizer_state: Callable[[torch.optim.Optimizer], None] | None = None,
     on_step: Callable[[], None] | None = None,
+    max_steps: int | None = None,
 ) -> tuple[LocalResult, torch.optim.Optimizer]:
     """Train `model` in place on `examples`; returns the result and the optimiser (for its state).
 
@@ -108,7 +109,9 @@ def train_local(
         torch.manual_seed(seed)  # dropout; restored on exit by fork_rng
         model.train()
         opt.zero_grad(set_to_none=True)
-        for _ in range(epochs):
+        epoch = 0
+        while (steps < max_steps) if max_steps else (epoch < epochs):
+            epoch += 1
             order = torch.randperm(len(examples), generator=order_rng).tolist()
             starts = range(0, len(order), batch_size)
             per_epoch = len(starts)
@@ -137,6 +140,8 @@ def train_local(
                     step_loss = torch.zeros((), device=device)
                     if on_step:
                         on_step()
+                    if max_steps and steps >= max_steps:
+                        break
         model.eval()
     terms_mean = {k: float(v) / batches for k, v in term_sums.items()} if batches else {}
     result = LocalResult(

@@ -41,7 +41,8 @@ def run_round(server: Server, clients: dict[str, SiloClient], sampled: list[str]
 class LocalEngine:
     def __init__(self, cfg: RunConfig, task, model: torch.nn.Module, store: ClientStore) -> None:
         self.cfg, self.task, self.model, self.store = cfg, task, model, store
-        initial = initial_private(model, exchange_plan(cfg))
+        self.plan = exchange_plan(cfg)
+        self.initial = initial = initial_private(model, self.plan)
         self.clients = {name: build_client(cfg, task, model, store, name, i, examples, ccfg, initial)
                         for i, (name, examples, ccfg) in enumerate(members(cfg, task))}
 
@@ -70,6 +71,27 @@ class LocalEngine:
                 load_tensors(self.model, server.params)
             rows += task.evaluate(self.model, name, split, progress=progress, final=final)
         return rows
+
+    def evaluate_matrix(self, server: Server, split: str, progress: Progress | None) -> dict[str, list[dict]]:
+        """Every model × every matrix domain's `split` (the translation paper's tables): the global
+        model (the start model's private tensors under the global ones), then each client's own model
+        where clients keep tensors of their own. {} when the task has no matrix."""
+        task = self.task
+        domains = list(getattr(task, "matrix", None) or [])
+        if not domains:
+            return {}
+        models = {"global": lambda: load_tensors(self.model, self.initial, server.params)}
+        if self.plan.private or self.plan.keeps_everything:
+            models.update({name: (lambda c=c: c.load_for_eval(server.params))
+                           for name, c in self.clients.items() if name != "pooled"})
+        if progress:
+            progress.begin(f"cross-domain matrix on {split}",
+                           len(models) * sum(len(task.examples(d, split)) for d in domains))
+        out = {}
+        for name, load in models.items():
+            load()
+            out[name] = [row for d in domains for row in task.evaluate(self.model, d, split, progress=progress)]
+        return out
 
     def set_round(self, round_idx: int) -> None:
         self.store.set_round(round_idx)

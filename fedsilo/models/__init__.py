@@ -7,18 +7,19 @@ from collections.abc import Callable
 
 from fedsilo.registry import Registry
 
-# kind(model config, seed) -> (model, tokenizer)
+# kind(model config, seed, task_tokenizer) -> (model, tokenizer); task_tokenizer() gives the task's own
+# tokenizer (or None when it has none), for built-in models trained from scratch on that task
 MODEL_KINDS: Registry[Callable] = Registry("model kind")
 # surgery(model, settings, seed) -> None (in place); applied identically by every engine
 SURGERIES: Registry[Callable] = Registry("model surgery")
 
 
-def _seq2seq(cfg, seed):
+def _seq2seq(cfg, seed, task_tokenizer=None):
     from .seq2seq import build_seq2seq
-    return build_seq2seq(cfg, seed)
+    return build_seq2seq(cfg, seed, task_tokenizer)
 
 
-def _encoder(cfg, seed):
+def _encoder(cfg, seed, task_tokenizer=None):
     from .encoder import build_encoder
     return build_encoder(cfg, seed)
 

@@ -2,8 +2,12 @@
 
 `tiny-t5` is a T5 small enough to train on 2 CPU cores, with MiniLM's public WordPiece vocabulary
 (no tokenizer is fitted on pooled client text). `minilm2bert` puts the pretrained MiniLM-L6 encoder
-under a small randomly initialised BERT decoder. Any other name is a local Hugging Face seq2seq
-checkpoint (t5-small, t5-base, bart-...) loaded unchanged.
+under a small randomly initialised BERT decoder. `transformer` is the Transformer of Vaswani et al.
+(Marian's architecture: post-norm, sinusoidal positions, one embedding matrix shared by encoder,
+decoder and output layer) from scratch over the task's own tokenizer (translation: a joint subword
+vocabulary fitted on the generic engine's data), else MiniLM's; the config sizes it, and
+d_model 512 / d_ff 2048 / 6+6 layers / 8 heads is the paper's "base". Any other name is a local
+Hugging Face seq2seq checkpoint (Marian, BART, T5) loaded unchanged, with its own tokenizer.
 """
 from __future__ import annotations
 
@@ -18,6 +22,8 @@ from transformers import (
     BertLMHeadModel,
     BertModel,
     EncoderDecoderModel,
+    MarianConfig,
+    MarianMTModel,
     PreTrainedModel,
     T5Config,
     T5ForConditionalGeneration,
@@ -25,7 +31,8 @@ from transformers import (
 
 from fedsilo.config import ConfigError, ModelConfig
 
-BUILTIN = ("tiny-t5", "minilm2bert")
+BUILTIN = ("tiny-t5", "minilm2bert", "transformer")
+MAX_POSITIONS = 1024  # sinusoidal (frozen, never federated): a long table costs nothing to train
 
 
 def minilm_path() -> Path:
@@ -75,23 +82,42 @@ def _minilm2bert(cfg: ModelConfig, tokenizer) -> PreTrainedModel:
     return model
 
 
-def build_seq2seq(cfg: ModelConfig, seed: int = 0) -> tuple[PreTrainedModel, object]:
+def _transformer(cfg: ModelConfig, tokenizer) -> PreTrainedModel:
+    if cfg.d_model % cfg.num_heads:
+        raise ConfigError(f"model: d_model {cfg.d_model} is not divisible by num_heads {cfg.num_heads}")
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
+    config = MarianConfig(
+        vocab_size=len(tokenizer), d_model=cfg.d_model, encoder_layers=cfg.num_layers,
+        decoder_layers=cfg.num_decoder_layers, encoder_attention_heads=cfg.num_heads,
+        decoder_attention_heads=cfg.num_heads, encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff,
+        dropout=cfg.dropout, attention_dropout=cfg.dropout, activation_function="relu",
+        max_position_embeddings=MAX_POSITIONS, scale_embedding=True, share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=eos,
+        decoder_start_token_id=tokenizer.pad_token_id, forced_eos_token_id=None,
+    )
+    return MarianMTModel(config)
+
+
+def build_seq2seq(cfg: ModelConfig, seed: int = 0, task_tokenizer=None) -> tuple[PreTrainedModel, object]:
     """(model, tokenizer); the same seed gives the same initial weights (torch's global generator
-    is left as it was)."""
+    is left as it was). `task_tokenizer()` gives the task's own tokenizer, or None."""
     device = resolve_device(cfg.device)
     with fits_in_memory(cfg, device), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model, tokenizer = _build(cfg)
+        model, tokenizer = _build(cfg, task_tokenizer)
         _set_special_tokens(model, tokenizer)
         model.to(device)
     model.eval()
     return model, tokenizer
 
 
-def _build(cfg: ModelConfig) -> tuple[PreTrainedModel, object]:
+def _build(cfg: ModelConfig, task_tokenizer=None) -> tuple[PreTrainedModel, object]:
     if cfg.name is None:  # the task's default was not filled in: the small built-in one
         cfg = cfg.model_copy(update={"name": "tiny-t5"})
-    if cfg.name in BUILTIN:
+    if cfg.name == "transformer":
+        tokenizer = (task_tokenizer() if task_tokenizer else None) or AutoTokenizer.from_pretrained(str(minilm_path()))
+        model = _transformer(cfg, tokenizer)
+    elif cfg.name in BUILTIN:
         tokenizer = AutoTokenizer.from_pretrained(str(minilm_path()))
         model = _tiny_t5(cfg, tokenizer) if cfg.name == "tiny-t5" else _minilm2bert(cfg, tokenizer)
     else:

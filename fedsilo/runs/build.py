@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from fedsilo.client.silo import SiloClient, federated_parameters
+from fedsilo.client.silo import SiloClient, federated_parameters, load_tensors
 from fedsilo.client.store import ClientStore
 from fedsilo.config import RunConfig
 from fedsilo.core.exchange import ExchangePlan
@@ -42,14 +42,40 @@ def model_config(cfg: RunConfig):
     return cfg.model.model_copy(update=update)
 
 
+TOKENIZER_DIR = "tokenizer"  # in a run directory: the task tokenizer its model was trained with
+
+
+def task_tokenizer(cfg: RunConfig):
+    """A zero-argument function giving the task's own tokenizer (None when the task has none): the
+    one saved beside `model.init_from`'s checkpoint when there is one (a model keeps the vocabulary
+    it was trained with, whatever the data or library versions here), else the task's."""
+    plugin = TASKS.get(cfg.task.name)
+    if plugin.tokenizer is None:
+        return None
+
+    def make():
+        if cfg.model.init_from:
+            source = Path(cfg.model.init_from).expanduser()
+            saved = (source if source.is_dir() else source.parent) / TOKENIZER_DIR
+            if saved.is_dir():
+                from transformers import AutoTokenizer
+                return AutoTokenizer.from_pretrained(str(saved))
+        return plugin.tokenizer(cfg.task, plugin.data_dir(cfg.task))
+    return make
+
+
 def build_model(cfg: RunConfig) -> tuple[torch.nn.Module, object]:
-    """(model, tokenizer): the model kind's builder, then the optional surgery, both seeded."""
+    """(model, tokenizer): the model kind's builder, then the optional surgery, both seeded, then
+    `model.init_from`'s tensors."""
     mcfg = model_config(cfg)
-    model, tokenizer = MODEL_KINDS.get(mcfg.kind)(mcfg, cfg.seed)
+    model, tokenizer = MODEL_KINDS.get(mcfg.kind)(mcfg, cfg.seed, task_tokenizer(cfg))
     if mcfg.surgery is not None:
         device = next(model.parameters()).device
         SURGERIES.get(mcfg.surgery.name)(model, mcfg.surgery.settings(), cfg.seed)
         model.to(device)
+    if mcfg.init_from:
+        from .rundir import init_tensors
+        load_tensors(model, init_tensors(mcfg.init_from, federated_parameters(model)))
     model.eval()
     return model, tokenizer
 

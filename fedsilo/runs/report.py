@@ -360,6 +360,38 @@ def combine_tables(
     return table
 
 
+def matrix_table(results: Mapping[str, Any], display: Mapping[str, str] | None = None) -> list[list[str]]:
+    """The cross-domain matrix on the primary metric (header first): one line per model (the
+    global one, each client's own, or each silo's model trained alone), one column per domain,
+    then their mean; [] when the run has none."""
+    models = (results.get("matrix") or {}).get("models") or {}
+    if not models:
+        return []
+    display = display if display is not None else (results.get("display") or None)
+    spec = results.get("metric_spec")
+    key = _primary(spec) or "score"
+    fmt = (_column(spec, key) or {}).get("fmt", ".2f")
+    domains = list(dict.fromkeys(r["client"] for summary in models.values() for r in summary.get("rows", [])))
+    table = [[f"model \\ test ({primary_label(spec)})", *(display_name(d, display) for d in domains), "Mean"]]
+    for name, summary in models.items():
+        by_domain = {r["client"]: (r.get("metrics") or {}).get(key) for r in summary.get("rows", [])}
+        label = "global" if name == "global" else display_name(name, display)
+        table.append([label, *(_fmt(by_domain.get(d), fmt) for d in domains),
+                      _fmt((summary.get("macro") or {}).get(key), fmt)])
+    return table
+
+
+MATRIX_NOTE = ("Every model on every domain's test set (the translation paper's Tables 2-7 have this "
+               "shape): the global model, then each client's own model where clients keep tensors of "
+               "their own, or (finetune) each domain's model trained alone.")
+
+
+def exchange_totals(rounds: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Parameters and bytes exchanged over the whole run, per direction (all clients, all rounds)."""
+    return {k: float(sum((r.get(k) or 0) for r in rounds))
+            for k in ("params_up", "params_down", "bytes_up", "bytes_down")}
+
+
 def _numeric(cell: str) -> bool:
     try:
         float(cell)
@@ -397,6 +429,15 @@ def print_results(
     console = console or Console(width=max(Console().width, 160))
     console.print(table_caption(results), style="dim", markup=False, highlight=False)
     console.print(table)
+    matrix = matrix_table(results, display)
+    if matrix:
+        grid = Table(title="cross-domain matrix (test)")
+        grid.add_column(matrix[0][0], style="bold")
+        for col in matrix[0][1:]:
+            grid.add_column(col, justify="right", no_wrap=True)
+        for row in matrix[1:]:
+            grid.add_row(*row)
+        console.print(grid)
 
 
 # ----------------------------------------------------------------- best round
@@ -849,9 +890,20 @@ def write_report(run_dir: str | Path, display: Mapping[str, str] | None = None) 
         *(f"- Note: {_relative(n, root)}" for n in notes),
         "",
     ]
+    totals = exchange_totals(rounds)
+    if totals["params_up"] or totals["params_down"]:
+        out.insert(-1, f"- Exchanged over the run: {totals['params_up']:,.0f} parameters up "
+                       f"({totals['bytes_up'] / MB:.2f} MB), {totals['params_down']:,.0f} down "
+                       f"({totals['bytes_down'] / MB:.2f} MB), all clients")
     if results:
         out += ["## Test results\n", table_caption(results), "",
                 markdown_table(results_table(results, display)), ""]
+        signature = (results.get("metric_spec") or {}).get("signature")
+        if signature:
+            out += [f"Scorer signature: `{signature}`\n"]
+        matrix = matrix_table(results, display)
+        if matrix:
+            out += ["## Cross-domain matrix\n", MATRIX_NOTE, "", markdown_table(matrix), ""]
     if rounds:
         out += ["## Rounds\n", markdown_table(rounds_table(rounds, spec, display)), "",
                 "## Plots\n", *_image_links(_write_plots(rounds, root / "plots", spec, best, display), root)]

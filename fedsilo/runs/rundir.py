@@ -174,3 +174,43 @@ class RunDir:
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise RunDirError(f"{self.results} is not readable JSON: {err}") from None
 
+
+
+def init_tensors(source: str | Path, like: dict) -> dict[str, torch.Tensor]:
+    """The tensors `model.init_from` names: a run directory's best.pt (its selected global model), a
+    fedsilo checkpoint file, or a plain state dict. Each must be a tensor of the model, shaped as
+    there and finite; model tensors the source lacks keep their fresh values (with a warning)."""
+    import warnings
+
+    from fedsilo.config import ConfigError
+
+    path = Path(source).expanduser()
+    if path.is_dir():
+        if not (path / "best.pt").is_file():
+            raise ConfigError(f"model.init_from: {path} holds no best.pt (a run directory with at least "
+                              "one evaluated round, or a checkpoint file)")
+        path = path / "best.pt"
+    if not path.is_file():
+        raise ConfigError(f"model.init_from: {path} is neither a run directory nor a checkpoint file")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - any unreadable file is the same user-facing problem
+        raise ConfigError(f"model.init_from: {path} is not a readable checkpoint: {err}") from None
+    if isinstance(state, dict) and isinstance(state.get("server"), dict):
+        state = state["server"].get("params")
+    if not isinstance(state, dict) or not state or not all(isinstance(t, torch.Tensor) for t in state.values()):
+        raise ConfigError(f"model.init_from: {path} holds no named tensors (a fedsilo checkpoint or a state dict)")
+    for name, t in state.items():
+        if name not in like:
+            raise ConfigError(f"model.init_from: {path}: tensor {name!r} is not in this model "
+                              f"(another model architecture?)")
+        if tuple(t.shape) != tuple(like[name].shape):
+            raise ConfigError(f"model.init_from: {path}: tensor {name!r} has shape {tuple(t.shape)}, the "
+                              f"model's is {tuple(like[name].shape)} (another tokenizer or model size?)")
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise ConfigError(f"model.init_from: {path}: tensor {name!r} holds NaN/Inf values")
+    missing = [n for n in like if n not in state]
+    if missing:
+        warnings.warn(f"model.init_from: {path} has no values for {len(missing)} of the model's tensors "
+                      f"(e.g. {missing[0]!r}); they keep their initial values", stacklevel=2)
+    return state

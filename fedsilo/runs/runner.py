@@ -17,7 +17,7 @@ from fedsilo.progress import Progress
 from fedsilo.server import Server, sample_clients
 from fedsilo.tasks.base import MetricSpec, select_best
 
-from .build import build_model, build_server, build_task, store_root
+from .build import TOKENIZER_DIR, build_model, build_server, build_task, store_root, task_tokenizer
 from .lock import RunLock
 from .rundir import RunDir, RunDirError, config_hash
 
@@ -136,11 +136,14 @@ def run_federation(cfg: RunConfig, run: RunDir, engine, server: Server, spec: Me
     engine.load_state_dict(best_state["clients"])
     engine.set_round(best_state["round"])
     test = spec.summarize(engine.evaluate(server, "test", progress, final=True))
+    matrix = engine.evaluate_matrix(server, "test", progress) if hasattr(engine, "evaluate_matrix") else {}
     logged = run.read_rounds()
     wall = sum(x.get("seconds", 0) + x.get("eval_seconds", 0) for x in logged) + time.perf_counter() - t0
     results = {"paradigm": cfg.paradigm, "name": cfg.name, "task": task_name, "rounds": rounds,
                "best_round": best_state["round"], "best_dev": best["score"], "wall_seconds": wall,
                "metric_spec": spec.describe(), "display": dict(display or {}), "test": test}
+    if matrix:
+        results["matrix"] = {"split": "test", "models": {m: spec.summarize(rows) for m, rows in matrix.items()}}
     run.write_results(results)
     # Leave the engine where the run ended, so a resume with more rounds continues from there.
     state = run.load_checkpoint(run.checkpoint, identity, server.params, device)
@@ -158,12 +161,15 @@ def run_local(cfg: RunConfig, run: RunDir, resume: bool = False, progress: Progr
     from fedsilo.engines.local import LocalEngine
 
     progress = progress or Progress(enabled=False)
-    model, tokenizer = build_model(cfg)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
+        model, tokenizer = build_model(cfg)
         task = build_task(cfg, tokenizer)
     for message in _surface(caught):
         progress.warn(message)
+    if task_tokenizer(cfg) is not None and hasattr(tokenizer, "save_pretrained"):
+        run.path.mkdir(parents=True, exist_ok=True)  # for a later run's model.init_from
+        tokenizer.save_pretrained(str(run.path / TOKENIZER_DIR))
     store = make_store(cfg.engine.store, store_root(run.path))
     engine = LocalEngine(cfg, task, model, store)
     return run_federation(cfg, run, engine, build_server(cfg, model), task.spec, task.name, resume, progress,
@@ -183,7 +189,7 @@ def _finetune(cfg: RunConfig, out: Path, resume: bool, progress: Progress) -> di
     """Each silo alone (its own dev selection), in sub-run directories; results pooled exactly."""
     top = RunDir(out)
     top.prepare(cfg, resume)
-    rows, subruns, spec_desc, display, wall = [], {}, None, {}, 0.0
+    rows, subruns, spec_desc, display, wall, matrices = [], {}, None, {}, 0.0, {}
     for silo in cfg.task.client_names():
         sub = cfg.model_copy(update={
             "paradigm": "federated", "name": f"{cfg.name}/{silo}",
@@ -198,6 +204,8 @@ def _finetune(cfg: RunConfig, out: Path, resume: bool, progress: Progress) -> di
         progress.log(f"finetuning {silo} alone")
         done = run_local(sub, sub_run, resume and sub_run.config.exists(), progress)
         rows += done["test"]["rows"]
+        if "matrix" in done:
+            matrices[silo] = done["matrix"]["models"]["global"]
         subruns[silo] = f"silos/{silo}"
         spec_desc, display = done["metric_spec"], {**display, **done.get("display", {})}
         wall += done.get("wall_seconds", 0.0)
@@ -206,5 +214,7 @@ def _finetune(cfg: RunConfig, out: Path, resume: bool, progress: Progress) -> di
                "best_round": None, "best_dev": None, "wall_seconds": wall, "metric_spec": spec_desc,
                "display": display,
                "test": TASKS.get(cfg.task.name).spec().summarize(rows), "subruns": subruns}
+    if matrices:  # each silo's own model on every domain (the paper's Table 2)
+        results["matrix"] = {"split": "test", "models": matrices}
     top.write_results(results)
     return results

@@ -47,6 +47,8 @@ class TaskPlugin:
     data: str | None = None               # datafetch manifest name; None: no fetch
     default_model: dict = field(default_factory=dict)  # model config defaults for this task
     verify: Callable[[TaskSettings, Path], None] | None = None  # checks an explicit data_dir
+    # (settings, data_dir) -> the task's own tokenizer, for models trained from scratch on it
+    tokenizer: Callable[[TaskSettings, Path], object] | None = None
 
     def data_dir(self, settings: TaskSettings) -> Path | None:
         """The task's verified data folder: `data_dir` as given (checked by `verify`), else fetched
@@ -69,3 +71,4 @@ TASKS: Registry[TaskPlugin] = Registry("task")
 
 # Built-in tasks register themselves on import (light modules: settings + a lazy builder).
 from fedsilo.tasks.text2sql import plugin as _text2sql  # noqa: E402,F401
+from fedsilo.tasks.translation import plugin as _translation  # noqa: E402,F401

@@ -63,6 +63,7 @@ class MetricSpec:
     tie_break_higher_is_better: bool = False
     selection: str = "pooled"            # model selection on "pooled" or "macro" (mean over rows)
     description: str = ""                # what the rows and units are, for the report
+    signature: str = ""                  # the scorer's reproducibility signature (e.g. sacreBLEU's)
 
     def summarize(self, rows: Sequence[Mapping[str, Any]]) -> dict:
         """{rows: [{client, task, metrics, stats}], macro: mean over rows, pooled: from summed stats}."""
@@ -93,7 +94,7 @@ class MetricSpec:
         """The spec as results.json records it (for the report, which has no task code)."""
         return {"columns": [asdict(c) for c in self.columns], "primary": self.primary,
                 "higher_is_better": self.higher_is_better, "tie_break": self.tie_break,
-                "selection": self.selection, "description": self.description}
+                "selection": self.selection, "description": self.description, "signature": self.signature}
 
 
 WORST = -1e308

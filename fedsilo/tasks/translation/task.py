@@ -1,0 +1,136 @@
+"""German→English translation as a fedsilo task (the `Task` contract of `fedsilo.tasks.base`): one
+silo per domain. Knows nothing of federation.
+
+A row is one domain. Its stats are additive (see `metrics.bleu_stats`): sacreBLEU's summed n-gram
+statistics and chrF's summed character statistics of the greedy translations, detokenised by the
+tokenizer's decoder, against the one reference; `loss_sum` / `loss_n` the summed teacher-forced
+token cross-entropy (target + EOS) and its token count. So corpus BLEU pooled over domains, or over
+machines, is exact.
+"""
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from fedsilo.datafetch import default_data_root
+
+from .data import DISPLAY, DataError, Pair, load_domain
+from .metrics import SPEC, bleu_stats, signatures
+from .plugin import TranslationSettings
+
+__all__ = ["TranslationTask", "task_tokenizer"]
+
+SPLITS = ("train", "dev", "test")
+
+
+def task_tokenizer(settings: TranslationSettings, data_dir: Path):
+    """The joint subword tokenizer, fitted on the tokenizer domain's training pairs (both sides)
+    only — the generic engine's data, never pooled client text — and cached by content."""
+    from .tokenizer import load_or_fit
+
+    def texts() -> list[str]:
+        return [t for p in load_domain(data_dir, settings.tokenizer_domain)["train"] for t in (p.source, p.target)]
+
+    return load_or_fit(texts, {"domain": settings.tokenizer_domain}, default_data_root() / "prepared" /
+                       "translation" / "tokenizers", settings.vocab_size, settings.tokenizer_model)
+
+
+def _cap(pairs: list[Pair], n: int, key: str) -> list[Pair]:
+    """A fixed subsample (independent of the run seed, so seeds compare the same data)."""
+    if not n or len(pairs) <= n:
+        return pairs
+    picked = random.Random(key).sample(range(len(pairs)), n)
+    return [pairs[i] for i in sorted(picked)]
+
+
+class TranslationTask:
+    """The chosen domains as silos; the matrix domains' dev/test sets are loaded too."""
+    name = "translation"
+    spec = SPEC
+    display = DISPLAY
+
+    def __init__(self, settings: TranslationSettings, tokenizer, data_dir: str | Path) -> None:
+        self.settings, self.tokenizer, self.data_dir = settings, tokenizer, Path(data_dir)
+        self.splits: dict[str, dict[str, list[Pair]]] = {}
+        for domain in dict.fromkeys([*settings.silos, *settings.matrix_domains()]):
+            raw = load_domain(self.data_dir, domain)
+            empty = [s for s in SPLITS if not raw[s]]
+            if empty:
+                raise DataError(f"{self.data_dir}: translation domain {domain} has no {' / '.join(empty)} pairs")
+            self.splits[domain] = {
+                "train": _cap(raw["train"], settings.max_train, f"{domain}/train"),
+                "dev": _cap(raw["dev"], settings.max_eval, f"{domain}/dev"),
+                "test": _cap(raw["test"], settings.max_eval, f"{domain}/test"),
+            }
+        self.signatures = signatures()
+
+    # ---- the Task contract ---------------------------------------------------------------
+
+    @property
+    def clients(self) -> list[str]:
+        return list(self.settings.silos)
+
+    @property
+    def matrix(self) -> list[str]:
+        """Domains of the cross-domain test matrix (every model on every one of them)."""
+        return self.settings.matrix_domains()
+
+    def examples(self, client: str, split: str) -> list[Pair]:
+        return self.splits[client][split]
+
+    def collate(self, batch: Sequence[Pair]) -> dict[str, torch.Tensor]:
+        """Source ids and labels (target + EOS; padding = -100), each cut at its length limit."""
+        s = self.settings
+        enc = self.tokenizer([p.source for p in batch], max_length=s.max_source_length, truncation=True,
+                             padding=True, return_tensors="pt", return_token_type_ids=False)
+        labels = self.tokenizer(text_target=[p.target for p in batch], max_length=s.max_target_length,
+                                truncation=True, padding=True, return_tensors="pt",
+                                return_token_type_ids=False)
+        ids = labels["input_ids"]
+        enc["labels"] = ids.masked_fill(labels["attention_mask"] == 0, -100)
+        return enc
+
+    def loss(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {"task": model(**batch).loss}
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module, client: str, split: str, progress=None,
+                 final: bool = False) -> list[dict]:
+        """One row of additive stats for `client`'s (domain's) `split` (see the module docstring)."""
+        pairs = self.examples(client, split)
+        hyps: list[str] = []
+        loss_sum, loss_n = 0.0, 0
+        was_training = model.training
+        model.eval()
+        try:
+            bs = self.settings.eval_batch_size
+            for i in range(0, len(pairs), bs):
+                batch = pairs[i:i + bs]
+                s, n, preds = self.evaluate_batch(model, batch)
+                loss_sum, loss_n = loss_sum + s, loss_n + n
+                hyps += preds
+                if progress is not None:
+                    progress.advance(len(batch))
+        finally:
+            model.train(was_training)
+        stats = {**bleu_stats(hyps, [p.target for p in pairs]), "loss_sum": loss_sum, "loss_n": float(loss_n)}
+        return [{"client": client, "task": self.name, "stats": stats}]
+
+    @torch.no_grad()
+    def evaluate_batch(self, model, batch: Sequence[Pair]) -> tuple[float, int, list[str]]:
+        """(summed token cross-entropy, label tokens, greedy translations) from one encoder pass."""
+        enc = self.collate(batch).to(model.device)
+        labels = enc.pop("labels")
+        encoder_outputs = model.get_encoder()(**enc, return_dict=True)
+        out = model(attention_mask=enc["attention_mask"], encoder_outputs=encoder_outputs, labels=labels)
+        logits = out.logits.float()
+        token_loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
+                                     ignore_index=-100, reduction="none")
+        ids = model.generate(attention_mask=enc["attention_mask"], encoder_outputs=encoder_outputs,
+                             max_new_tokens=self.settings.max_target_length, num_beams=1, do_sample=False)
+        preds = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+        return float(token_loss.double().sum()), int((labels != -100).sum()), [p.strip() for p in preds]
