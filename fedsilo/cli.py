@@ -93,11 +93,13 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
     with RunLock(out) as lock:
         with warnings.catch_warnings(record=True) as caught:  # the data is checked before any process starts
             warnings.simplefilter("always", UserWarning)
-            data = TASKS.get(cfg.task.name).data_dir(cfg.task)
+            plugin = TASKS.get(cfg.task.name)
+            data = plugin.data_dir(cfg.task)
         for w in caught:
             print(f"fedsilo: warning: {w.message}", file=sys.stderr)
         try:
-            silos = split_silo_data(data, cfg.task.silos, work / "silo-data")
+            files = (lambda silo: plugin.silo_files(cfg.task, silo)) if plugin.silo_files else None
+            silos = split_silo_data(data, cfg.task.silos, work / "silo-data", files)
             work.mkdir(parents=True, exist_ok=True)
             config = work / "config.toml"
             config.write_text(to_toml(cfg))
@@ -170,7 +172,10 @@ def parser() -> argparse.ArgumentParser:
     rep.add_argument("run_dir", help="a run directory (holding rounds.jsonl), e.g. runs/lorar-small")
     rep.set_defaults(func=_cmd_report)
     d = sub.add_parser("data", help="obtain and verify a benchmark's files (pinned commit + sha256)")
-    d.add_argument("task", choices=["text2sql"], help="which benchmark's files: text2sql")
+    from fedsilo.tasks import TASKS  # light: settings and lazy builders only
+
+    fetchable = [name for name in TASKS if TASKS.get(name).data]
+    d.add_argument("task", choices=fetchable, help=f"which benchmark's files: {', '.join(fetchable)}")
     d.add_argument("--mirror", help="local folder laid out like shared/data (default: $FEDSILO_DATA_MIRROR, "
                                     "then ../shared/data); else download from the public source")
     d.add_argument("--dest", help="where to put the files (default: $FEDSILO_DATA/TASK or "

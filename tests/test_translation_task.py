@@ -172,3 +172,57 @@ def test_a_local_marian_checkpoint_loads_unchanged(tmp_path):
         assert torch.equal(ours[k], theirs[k]), k
     task = build_task(cfg, tok2)
     assert task.evaluate(loaded, "ted", "test")[0]["stats"]["n"] == 6
+
+
+def test_dp_l_on_flower_simulation_matches_in_process(tmp_path):
+    """Selections are made on the silo from its previous-round tensors kept in its own store."""
+    import os
+
+    from fedsilo.engines.flower.simulation import run_simulation
+    os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
+    cfg = validate(nmt_config(task={"matrix": []}))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each Flower ClientApp gets
+    try:
+        run_experiment(cfg, tmp_path / "local", show_progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    run_simulation(cfg, tmp_path / "sim", show_progress=False)
+    a, b = rounds_of(tmp_path / "local"), rounds_of(tmp_path / "sim")
+    assert len(a) == len(b) == 2
+    for x, y in zip(a, b):
+        for c in DOMAINS3:
+            assert y["clients"][c]["params_up"] == x["clients"][c]["params_up"]
+            assert y["clients"][c]["bytes_down"] == x["clients"][c]["bytes_down"]
+            assert y["clients"][c]["weight"] == pytest.approx(x["clients"][c]["weight"], rel=1e-6)
+    assert b[1]["params_up"] < b[0]["params_up"]  # round 2 pulled a part only, on Flower too
+    pa = torch.load(tmp_path / "local" / "checkpoint.pt", weights_only=True)["server"]["params"]
+    pb = torch.load(tmp_path / "sim" / "checkpoint.pt", weights_only=True)["server"]["params"]
+    for k in pa:
+        torch.testing.assert_close(pb[k], pa[k], rtol=1e-6, atol=1e-7)
+    ra = json.loads((tmp_path / "local" / "results.json").read_text())["test"]["rows"]
+    rb = json.loads((tmp_path / "sim" / "results.json").read_text())["test"]["rows"]
+    for x, y in zip(ra, rb):
+        assert y["stats"]["bleu_stats"] == x["stats"]["bleu_stats"]
+        assert y["stats"]["loss_sum"] == pytest.approx(x["stats"]["loss_sum"], rel=1e-5)
+
+
+def test_deployment_gives_each_silo_only_its_domain_and_the_news_corpus(tmp_path, monkeypatch, capsys):
+    """`fedsilo deploy` with real SuperNodes: each silo's machine gets its own domain's files and
+    the public news corpus its tokenizer is fitted on, never another silo's text."""
+    import os
+
+    from fedsilo.cli import main
+    from fedsilo.config import to_toml
+    os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
+    monkeypatch.chdir(tmp_path)
+    raw = nmt_config(task={"silos": ["ted", "docs"], "matrix": []}, federation={"rounds": 1})
+    Path("exp.toml").write_text(to_toml(validate(raw)))
+    code = main(["deploy", "exp.toml", "--out", "runs/dep", "--workdir", "work", "--no-progress"])
+    assert code == 0, capsys.readouterr().err[-3000:]
+    test = json.loads((tmp_path / "runs" / "dep" / "results.json").read_text())["test"]
+    assert [r["client"] for r in test["rows"]] == ["ted", "docs"] and all(r["stats"]["n"] == 6 for r in test["rows"])
+    for silo, own in (("ted", "ted"), ("docs", "salesforce_docs")):
+        held = {p.relative_to(tmp_path / "work" / "silo-data" / silo).parts[0]
+                for p in (tmp_path / "work" / "silo-data" / silo).rglob("*") if p.is_file()}
+        assert held == {own, "wmt_news"}

@@ -85,7 +85,7 @@ def build_task(cfg: RunConfig, tokenizer, clients: list[str] | None = None):
     plugin = TASKS.get(cfg.task.name)
     settings = cfg.task
     if clients is not None:
-        settings = settings.model_copy(update={"silos": clients})
+        settings = settings.for_silos(clients)
     return plugin.build(settings, tokenizer, plugin.data_dir(settings))
 
 

@@ -29,6 +29,10 @@ class TaskSettings(BaseModel):
         """Every participant name a config may mention (e.g. in [clients.<name>] overrides)."""
         raise NotImplementedError
 
+    def for_silos(self, names: list[str]) -> "TaskSettings":
+        """These settings as one machine holding only `names` sees them (a Flower silo)."""
+        return self.model_copy(update={"silos": list(names)})
+
 
 @dataclass(frozen=True)
 class TaskPlugin:
@@ -49,6 +53,9 @@ class TaskPlugin:
     verify: Callable[[TaskSettings, Path], None] | None = None  # checks an explicit data_dir
     # (settings, data_dir) -> the task's own tokenizer, for models trained from scratch on it
     tokenizer: Callable[[TaskSettings, Path], object] | None = None
+    # (settings, silo) -> the files (relative to the data folder) one silo's machine needs;
+    # None: the files named after the silo (text2sql's NAME.json, NAME-schema.csv)
+    silo_files: Callable[[TaskSettings, str], list[str]] | None = None
 
     def data_dir(self, settings: TaskSettings) -> Path | None:
         """The task's verified data folder: `data_dir` as given (checked by `verify`), else fetched

@@ -59,7 +59,8 @@ def silo_for(message: Message, context: Context) -> Silo:
     root = context.node_config.get("state-dir") or Path(tempfile.gettempdir()) / "fedsilo-flower-state" / name
     key = (hashlib.sha256(text.encode()).hexdigest(), str(conf["run-key"]), name, data_dir, str(root))
     if key not in _SILOS:
-        own = cfg.model_copy(update={"task": cfg.task.model_copy(update={"data_dir": data_dir})})
+        # this machine's view: its own silo, its own data folder
+        own = cfg.model_copy(update={"task": cfg.task.for_silos([name]).model_copy(update={"data_dir": data_dir})})
         model, tokenizer = build_model(own)
         task = build_task(own, tokenizer, clients=[name])
         store = DiskStore(Path(root) / str(conf["run-key"]))

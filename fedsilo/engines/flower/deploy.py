@@ -397,20 +397,24 @@ class LocalDeployment:
         self.stop()
 
 
-def split_silo_data(data_dir: Path, silos: list[str], dest: Path) -> dict[str, Path]:
-    """One folder per silo holding only that silo's files, as each institution would have.
+def split_silo_data(data_dir: Path, silos: list[str], dest: Path, files=None) -> dict[str, Path]:
+    """One folder per silo holding only that silo's files, as each institution would have:
+    `files(silo)` (paths relative to `data_dir`, the task's `silo_files`), else the files named
+    after the silo.
 
     Copied afresh on every call: a copy left by an earlier deployment could hold files since
     corrected or removed in `data_dir`."""
-    if not Path(data_dir).is_dir():
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
         raise DeploymentError(f"task.data_dir {data_dir}: no such folder")
     out = {}
     for silo in silos:
         own = dest / silo
         shutil.rmtree(own, ignore_errors=True)
         own.mkdir(parents=True)
-        for f in Path(data_dir).glob(f"{silo}*"):
-            if f.is_file():
-                shutil.copy2(f, own / f.name)
+        names = files(silo) if files else [f.name for f in data_dir.glob(f"{silo}*") if f.is_file()]
+        for name in names:
+            (own / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(data_dir / name, own / name)
         out[silo] = own
     return out

@@ -57,6 +57,10 @@ class TranslationSettings(TaskSettings):
     def matrix_domains(self) -> list[str]:
         return list(DOMAINS) if self.matrix is None else list(self.matrix)
 
+    def for_silos(self, names: list[str]) -> "TranslationSettings":
+        """A silo's machine holds its own domain only: no cross-domain matrix there."""
+        return self.model_copy(update={"silos": list(names), "matrix": []})
+
     def needed_domains(self) -> list[str]:
         """Every domain whose files this config reads: silos, matrix, the tokenizer's."""
         return list(dict.fromkeys([*self.silos, *self.matrix_domains(), self.tokenizer_domain]))
@@ -82,6 +86,12 @@ def _tokenizer(settings: TranslationSettings, data_dir):
     return task_tokenizer(settings, data_dir)
 
 
+def _silo_files(settings: TranslationSettings, silo: str) -> list[str]:
+    """A silo's own domain, and the generic engine's data its tokenizer is fitted on (public)."""
+    from .data import required_files
+    return required_files(settings.for_silos([silo]).needed_domains())
+
+
 TASKS.register("translation", TranslationSettings)(TaskPlugin(
-    build=_build, spec=_spec, data="translation", verify=_verify, tokenizer=_tokenizer,
+    build=_build, spec=_spec, data="translation", verify=_verify, tokenizer=_tokenizer, silo_files=_silo_files,
     default_model={"kind": "seq2seq", "name": "transformer"}))
