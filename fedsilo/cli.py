@@ -62,12 +62,13 @@ def deploy_paths(cfg, out: str | None, workdir: str | None) -> tuple[Path, Path]
 
 
 def absolute_config(cfg):
-    """The config with its local paths made absolute (task.data_dir, a local model folder)."""
+    """The config with its local paths made absolute (task.data_dir, a local model folder,
+    model.init_from): Flower's processes run in other folders."""
     from fedsilo.config import validate
     try:
         from fedsilo.models.seq2seq import BUILTIN
     except ImportError:
-        BUILTIN = ("tiny-t5", "minilm2bert")
+        BUILTIN = ("tiny-t5", "minilm2bert", "transformer")
 
     raw = cfg.model_dump(exclude_none=True)
     task, model = raw.get("task", {}), raw.get("model", {})
@@ -76,6 +77,8 @@ def absolute_config(cfg):
     name = model.get("name")
     if isinstance(name, str) and name not in BUILTIN and Path(name).expanduser().is_dir():
         model["name"] = str(Path(name).expanduser().resolve())  # a local checkpoint folder
+    if model.get("init_from"):
+        model["init_from"] = str(Path(model["init_from"]).expanduser().resolve())
     return validate(raw, "config")
 
 

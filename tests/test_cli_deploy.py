@@ -397,3 +397,12 @@ def test_deploy_cli_with_a_relative_out_runs_to_results(tmp_path, monkeypatch, c
     assert [r["client"] for r in test["rows"]] == ["restaurants", "academic", "yelp"]
     assert (run / "report.md").is_file() and f"run directory: {run}" in out
     assert not (tmp_path / "runs" / "dep-flower" / "processes" / "runs").exists()  # nothing under a doubled path
+
+
+def test_deploy_makes_local_paths_absolute_for_flowers_processes(tmp_path, monkeypatch):
+    from fedsilo.config import validate
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "generic").mkdir()
+    cfg = cli.absolute_config(validate({"task": {"data_dir": "data"}, "model": {"init_from": "generic/best.pt"}}))
+    assert cfg.task.data_dir == str(tmp_path / "data")
+    assert cfg.model.init_from == str(tmp_path / "generic" / "best.pt")
