@@ -43,6 +43,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(cfg.out_dir) / cfg.name
     if args.engine == "flower-sim":
         from fedsilo.engines.flower.simulation import run_simulation
+        cfg = absolute_config(cfg)  # Flower's workers may run in another folder
         results = run_simulation(cfg, out, resume=args.resume, show_progress=not args.no_progress)
     else:
         results = run_experiment(cfg, out, resume=args.resume, show_progress=not args.no_progress)
