@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from transformers import (
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
@@ -167,3 +168,18 @@ def _probe(device: torch.device, name: str) -> None:
     except Exception as err:  # noqa: BLE001 - backends raise RuntimeError, AssertionError, NotImplementedError
         reason = str(err).split(". ")[0].splitlines()[0]  # backend messages run to a page
         raise ConfigError(f"model.device: {name!r} cannot be used here ({reason})") from None
+
+
+@torch.no_grad()
+def loss_and_greedy(model, enc, labels: torch.Tensor, max_new_tokens: int) -> tuple[float, int, torch.Tensor]:
+    """(summed teacher-forced token cross-entropy, label tokens, greedy output ids) from one encoder
+    pass: evaluation needs both, and the encoder is the costly half to run twice. The sum is taken
+    in float64, so pooling over many tokens is exact; padding labels are -100."""
+    encoder_outputs = model.get_encoder()(**enc, return_dict=True)
+    out = model(attention_mask=enc["attention_mask"], encoder_outputs=encoder_outputs, labels=labels)
+    logits = out.logits.float()
+    token_loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
+                                 ignore_index=-100, reduction="none")  # 0 at padding
+    ids = model.generate(attention_mask=enc["attention_mask"], encoder_outputs=encoder_outputs,
+                         max_new_tokens=max_new_tokens, num_beams=1, do_sample=False)
+    return float(token_loss.double().sum()), int((labels != -100).sum()), ids

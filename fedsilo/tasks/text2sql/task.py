@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from fedsilo.tasks.base import Column, Metrics, MetricSpec
 
@@ -211,20 +210,12 @@ class Text2SQLTask:
 
         Generation gets the labels' budget: at most ``max_target_length - 1`` SQL tokens (the label
         adds EOS), so a target that does not fit can never be matched and ``fit`` bounds ``correct``."""
+        from fedsilo.models.seq2seq import loss_and_greedy
+
         enc = self.collate(batch).to(model.device)
         labels = enc.pop("labels")
-        encoder_outputs = model.get_encoder()(**enc, return_dict=True)
-        out = model(attention_mask=enc["attention_mask"], encoder_outputs=encoder_outputs, labels=labels)
-        logits = out.logits.float()
-        token_loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
-                                     ignore_index=-100, reduction="none")  # 0 at padding
-        loss_sum = token_loss.double().sum()  # summed in float64: exact pooling over many tokens
-        loss_n = int((labels != -100).sum())
-        ids = model.generate(attention_mask=enc["attention_mask"], encoder_outputs=encoder_outputs,
-                             max_new_tokens=max(1, self.settings.max_target_length - 1),
-                             num_beams=1, do_sample=False)
-        preds = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
-        return float(loss_sum), loss_n, preds
+        loss_sum, loss_n, ids = loss_and_greedy(model, enc, labels, max(1, self.settings.max_target_length - 1))
+        return loss_sum, loss_n, self.tokenizer.batch_decode(ids, skip_special_tokens=True)
 
     def target_length(self, example: Example) -> int:
         """The gold target's token count plus EOS (untruncated)."""

@@ -14,7 +14,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from fedsilo.datafetch import default_data_root
 
@@ -123,14 +122,10 @@ class TranslationTask:
     @torch.no_grad()
     def evaluate_batch(self, model, batch: Sequence[Pair]) -> tuple[float, int, list[str]]:
         """(summed token cross-entropy, label tokens, greedy translations) from one encoder pass."""
+        from fedsilo.models.seq2seq import loss_and_greedy
+
         enc = self.collate(batch).to(model.device)
         labels = enc.pop("labels")
-        encoder_outputs = model.get_encoder()(**enc, return_dict=True)
-        out = model(attention_mask=enc["attention_mask"], encoder_outputs=encoder_outputs, labels=labels)
-        logits = out.logits.float()
-        token_loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
-                                     ignore_index=-100, reduction="none")
-        ids = model.generate(attention_mask=enc["attention_mask"], encoder_outputs=encoder_outputs,
-                             max_new_tokens=self.settings.max_target_length, num_beams=1, do_sample=False)
+        loss_sum, loss_n, ids = loss_and_greedy(model, enc, labels, self.settings.max_target_length)
         preds = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
-        return float(token_loss.double().sum()), int((labels != -100).sum()), [p.strip() for p in preds]
+        return loss_sum, loss_n, [p.strip() for p in preds]
