@@ -15,9 +15,12 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# The main job; re-runnable: a finished run prints its recorded results, an interrupted one continues.
-study: study-text2sql
+# The main job (answer selection on 5 QA silos: each alone, FedAvg, FedMatch, beside BM25); re-runnable:
+# finished variants print their recorded results, an interrupted one continues.
+study: $(STAMP)
+	$(PYTHON) -m fedsilo study experiments/qa/small.toml --out runs/qa-small $(ARGS)
 
+# The text-to-SQL demo (FedOPT + Lorar on 8 silos), one command away.
 study-text2sql: $(STAMP)
 	$(PYTHON) -m fedsilo run experiments/lorar/small.toml --out runs/lorar-small --resume $(ARGS)
 

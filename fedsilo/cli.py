@@ -53,6 +53,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_study(args: argparse.Namespace) -> int:
+    from fedsilo.runs.study import run_study
+
+    out = Path(args.out) if args.out else Path("runs") / Path(args.study).stem
+    only = [v.strip() for v in args.only.split(",") if v.strip()] if args.only else None
+    run_study(args.study, out, args.set or [], only, show_progress=not args.no_progress)
+    print(f"study directory: {out}\nreport: {out / 'report.md'}")
+    return 0
+
+
 def deploy_paths(cfg, out: str | None, workdir: str | None) -> tuple[Path, Path]:
     """Absolute run directory and work folder: Flower's processes run in the work folder, so a
     relative path (the README's `--out runs/x`) would be read from there."""
@@ -172,6 +182,13 @@ def parser() -> argparse.ArgumentParser:
     common(dep)
     dep.add_argument("--workdir", help="per-silo data copies, Flower state and logs (default: OUT-flower)")
     dep.set_defaults(func=_cmd_deploy)
+    st = sub.add_parser("study", help="run the variants of a study file (resumable) and compare them in one table")
+    st.add_argument("study", help="a study TOML: [study], [base] (a run config), [variants.NAME] (changes)")
+    st.add_argument("--out", help="study directory, one run directory per variant (default: runs/STEM)")
+    st.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a key of the base config")
+    st.add_argument("--only", help="comma-separated variants to run and compare")
+    st.add_argument("--no-progress", action="store_true", help="no progress output (logs, CI)")
+    st.set_defaults(func=_cmd_study)
     rep = sub.add_parser("report", help="(re)write report.md and plots of a run directory")
     rep.add_argument("run_dir", help="a run directory (holding rounds.jsonl), e.g. runs/lorar-small")
     rep.set_defaults(func=_cmd_report)

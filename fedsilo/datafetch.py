@@ -139,7 +139,7 @@ def _is_verified(path: Path, src: Source) -> bool:
     return path.is_file() and path.stat().st_size == src.size and _sha256_file(path) == src.sha256
 
 
-MIRROR_FOLDERS = {"translation": "nmt"}
+MIRROR_FOLDERS = {"translation": "nmt", "matching": "qa"}
 """Tasks whose folder in the shared data mirror has another name than the task."""
 
 

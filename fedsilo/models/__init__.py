@@ -7,6 +7,8 @@ from collections.abc import Callable
 
 from fedsilo.registry import Registry
 
+from .patches import PatchSettings, apply_patches  # torch and pydantic only: transformers stays lazy
+
 # kind(model config, seed, task_tokenizer) -> (model, tokenizer); task_tokenizer() gives the task's own
 # tokenizer (or None when it has none), for built-in models trained from scratch on that task
 MODEL_KINDS: Registry[Callable] = Registry("model kind")
@@ -26,3 +28,4 @@ def _encoder(cfg, seed, task_tokenizer=None):
 
 MODEL_KINDS.add("seq2seq", _seq2seq)
 MODEL_KINDS.add("encoder", _encoder)
+SURGERIES.add("patches", apply_patches, PatchSettings)  # FedMatch private patches

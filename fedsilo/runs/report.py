@@ -128,7 +128,8 @@ _ROUND = {"seconds": _NUM, "eval_seconds": _NUM, "bytes_up": _NUM, "bytes_down":
 _CLIENT = {"weight": _NUM, "steps": _NUM, "losses": list, "bytes_up": _NUM, "bytes_down": _NUM}
 _SUMMARY = {"score": _NUM, "key": list, "macro": dict, "pooled": dict, "rows": list}
 _RESULTS = {"name": str, "task": str, "paradigm": str, "rounds": int, "best_round": int, "best_dev": _NUM,
-            "wall_seconds": _NUM, "metric_spec": dict, "display": dict, "test": dict, "subruns": dict}
+            "wall_seconds": _NUM, "metric_spec": dict, "display": dict, "test": dict, "subruns": dict,
+            "reference": dict}
 _SPEC = {"columns": list, "primary": str, "selection": str, "description": str, "tie_break": str}
 
 
@@ -360,6 +361,14 @@ def combine_tables(
     return table
 
 
+def reference_tables(results: Mapping[str, Any], display: Mapping[str, str] | None = None
+                     ) -> dict[str, list[list[str]]]:
+    """The results table of each untrained reference ranker the run scored beside its model (e.g.
+    BM25 for answer selection), by name; {} when none."""
+    return {name: results_table({**results, "test": summary}, display)
+            for name, summary in (results.get("reference") or {}).items()}
+
+
 def matrix_table(results: Mapping[str, Any], display: Mapping[str, str] | None = None) -> list[list[str]]:
     """The cross-domain matrix on the primary metric (header first): one line per model (the
     global one, each client's own, or each silo's model trained alone), one column per domain,
@@ -429,15 +438,21 @@ def print_results(
     console = console or Console(width=max(Console().width, 160))
     console.print(table_caption(results), style="dim", markup=False, highlight=False)
     console.print(table)
+    for name, table_rows in reference_tables(results, display).items():
+        _print_grid(console, f"untrained reference: {name} (test)", table_rows)
     matrix = matrix_table(results, display)
     if matrix:
-        grid = Table(title="cross-domain matrix (test)")
-        grid.add_column(matrix[0][0], style="bold")
-        for col in matrix[0][1:]:
-            grid.add_column(col, justify="right", no_wrap=True)
-        for row in matrix[1:]:
-            grid.add_row(*row)
-        console.print(grid)
+        _print_grid(console, "cross-domain matrix (test)", matrix)
+
+
+def _print_grid(console: Console, title: str, rows: list[list[str]]) -> None:
+    grid = Table(title=title)
+    grid.add_column(rows[0][0], style="bold")
+    for col in rows[0][1:]:
+        grid.add_column(col, justify="right", no_wrap=True)
+    for row in rows[1:]:
+        grid.add_row(*row)
+    console.print(grid)
 
 
 # ----------------------------------------------------------------- best round
@@ -901,6 +916,9 @@ def write_report(run_dir: str | Path, display: Mapping[str, str] | None = None) 
         signature = (results.get("metric_spec") or {}).get("signature")
         if signature:
             out += [f"Scorer signature: `{signature}`\n"]
+        for name, table_rows in reference_tables(results, display).items():
+            out += [f"## Untrained reference: {name}\n", "The same test questions ranked without training.", "",
+                    markdown_table(table_rows), ""]
         matrix = matrix_table(results, display)
         if matrix:
             out += ["## Cross-domain matrix\n", MATRIX_NOTE, "", markdown_table(matrix), ""]

@@ -172,8 +172,18 @@ def run_local(cfg: RunConfig, run: RunDir, resume: bool = False, progress: Progr
         tokenizer.save_pretrained(str(run.path / TOKENIZER_DIR))
     store = make_store(cfg.engine.store, store_root(run.path))
     engine = LocalEngine(cfg, task, model, store)
-    return run_federation(cfg, run, engine, build_server(cfg, model), task.spec, task.name, resume, progress,
-                          display=getattr(task, "display", None))
+    results = run_federation(cfg, run, engine, build_server(cfg, model), task.spec, task.name, resume, progress,
+                             display=getattr(task, "display", None))
+    if getattr(task, "reference_names", None) and "reference" not in results:
+        results["reference"] = {name: task.spec.summarize(reference_rows(task, name, "test"))
+                                for name in task.reference_names}
+        run.write_results(results)
+    return results
+
+
+def reference_rows(task, name: str, split: str) -> list[dict]:
+    """Rows of the task's untrained reference ranker `name` (e.g. BM25) on every client's `split`."""
+    return [row for client in task.clients for row in task.reference(name, client, split)]
 
 
 def run_experiment(cfg: RunConfig, out: str | Path, resume: bool = False, show_progress: bool = True) -> dict:
@@ -189,7 +199,7 @@ def _finetune(cfg: RunConfig, out: Path, resume: bool, progress: Progress) -> di
     """Each silo alone (its own dev selection), in sub-run directories; results pooled exactly."""
     top = RunDir(out)
     top.prepare(cfg, resume)
-    rows, subruns, spec_desc, display, wall, matrices = [], {}, None, {}, 0.0, {}
+    rows, subruns, spec_desc, display, wall, matrices, references = [], {}, None, {}, 0.0, {}, {}
     for silo in cfg.task.client_names():
         sub = cfg.model_copy(update={
             "paradigm": "federated", "name": f"{cfg.name}/{silo}",
@@ -206,6 +216,8 @@ def _finetune(cfg: RunConfig, out: Path, resume: bool, progress: Progress) -> di
         rows += done["test"]["rows"]
         if "matrix" in done:
             matrices[silo] = done["matrix"]["models"]["global"]
+        for name, summary in (done.get("reference") or {}).items():
+            references.setdefault(name, []).extend(summary["rows"])
         subruns[silo] = f"silos/{silo}"
         spec_desc, display = done["metric_spec"], {**display, **done.get("display", {})}
         wall += done.get("wall_seconds", 0.0)
@@ -216,5 +228,8 @@ def _finetune(cfg: RunConfig, out: Path, resume: bool, progress: Progress) -> di
                "test": TASKS.get(cfg.task.name).spec().summarize(rows), "subruns": subruns}
     if matrices:  # each silo's own model on every domain (the paper's Table 2)
         results["matrix"] = {"split": "test", "models": matrices}
+    if references:
+        spec = TASKS.get(cfg.task.name).spec()
+        results["reference"] = {name: spec.summarize(rows) for name, rows in references.items()}
     top.write_results(results)
     return results

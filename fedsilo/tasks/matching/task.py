@@ -1,0 +1,186 @@
+"""QA answer selection as a fedsilo task (the `Task` contract of `fedsilo.tasks.base`): one silo per
+domain, a cross-encoder f(q, a) trained with FedMatch's pairwise hinge. Knows nothing of federation.
+
+Training examples are (question, relevant answer, irrelevant answer) triples; evaluation scores every
+candidate of each dev/test question and keeps additive ranking stats (see `metrics`). BM25 over the
+silo's answer pool is scored beside the model as an untrained reference (`reference`).
+"""
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fedsilo.tasks.base import pool
+
+from .data import DISPLAY, DataError, Question, load_silo
+from .metrics import SPEC, question_stats
+from .plugin import MatchingSettings
+
+__all__ = ["MatchingTask", "Triple", "triples"]
+
+SPLITS = ("train", "dev", "test")
+
+
+@dataclass(frozen=True)
+class Triple:
+    question: str
+    positive: str
+    negative: str
+
+
+def triples(questions: Sequence[Question], per_question: int, key: str) -> list[Triple]:
+    """Every (relevant, irrelevant) pair of each question, or a fixed subsample of `per_question` of
+    them (seeded by `key` and the question, independent of the run seed)."""
+    out = []
+    for q in questions:
+        pos = [c for c, y in zip(q.candidates, q.labels) if y]
+        neg = [c for c, y in zip(q.candidates, q.labels) if not y]
+        pairs = [(p, n) for p in pos for n in neg]
+        if per_question and len(pairs) > per_question:
+            pairs = random.Random(f"{key}/{q.qid}").sample(pairs, per_question)
+        out += [Triple(q.text, p, n) for p, n in pairs]
+    return out
+
+
+def _cap(questions: list[Question], n: int, key: str) -> list[Question]:
+    """A fixed subsample of `n` questions, in their original order."""
+    if not n or len(questions) <= n:
+        return questions
+    picked = sorted(random.Random(key).sample(range(len(questions)), n))
+    return [questions[i] for i in picked]
+
+
+def _eval_set(questions: list[Question], n: int, key: str) -> list[Question]:
+    """Every question (those that cannot be ranked are counted as dropped), or a fixed subsample of
+    `n` among those that can be ranked: a subsample spends its size on questions that count."""
+    if not n or len(questions) <= n:
+        return questions
+    return _cap([q for q in questions if _rankable(q)], n, key)
+
+
+def _rankable(q: Question) -> bool:
+    return 0 < sum(q.labels) < len(q.labels)
+
+
+class MatchingTask:
+    """The chosen domains as silos: train triples, dev/test questions with their candidate lists."""
+    name = "matching"
+    spec = SPEC
+    display = DISPLAY
+
+    def __init__(self, settings: MatchingSettings, tokenizer, data_dir: str | Path) -> None:
+        self.settings, self.tokenizer, self.data_dir = settings, tokenizer, Path(data_dir)
+        self.reference_names = list(settings.reference)
+        self.questions: dict[str, dict[str, list[Question]]] = {}
+        self.train: dict[str, list[Triple]] = {}
+        self._pools: dict[str, tuple[object, dict[str, int]]] = {}  # BM25 per silo, built on first use
+        for silo in settings.silos:
+            raw = load_silo(self.data_dir, silo, settings.negatives)
+            if not any(_rankable(q) for q in raw["train"]):
+                raise DataError(f"{self.data_dir}: silo {silo} has no training question with both a relevant "
+                                "and an irrelevant candidate")
+            trainable = [q for q in raw["train"] if _rankable(q)]
+            self.questions[silo] = {
+                "train": _cap(trainable, settings.max_train, f"{silo}/train"),
+                "dev": _eval_set(raw["dev"], settings.max_eval, f"{silo}/dev"),
+                "test": _eval_set(raw["test"], settings.max_eval, f"{silo}/test"),
+            }
+            self.train[silo] = triples(self.questions[silo]["train"], settings.pairs_per_question, f"{silo}/pairs")
+
+    # ---- the Task contract ---------------------------------------------------------------
+
+    @property
+    def clients(self) -> list[str]:
+        return list(self.settings.silos)
+
+    def examples(self, client: str, split: str) -> Sequence[Triple] | Sequence[Question]:
+        """Training triples for `train`; questions (with candidate lists) for dev and test."""
+        return self.train[client] if split == "train" else self.questions[client][split]
+
+    def encode(self, questions: Sequence[str], answers: Sequence[str]) -> dict[str, torch.Tensor]:
+        """'[CLS] q [SEP] a [SEP]' pairs, the longer side cut first at `max_length`."""
+        return dict(self.tokenizer(list(questions), list(answers), truncation="longest_first",
+                                   max_length=self.settings.max_length, padding=True, return_tensors="pt"))
+
+    def collate(self, batch: Sequence[Triple]) -> dict[str, torch.Tensor]:
+        """The batch's relevant pairs, then its irrelevant pairs, in one encoding of 2·B rows."""
+        questions = [t.question for t in batch] * 2
+        answers = [t.positive for t in batch] + [t.negative for t in batch]
+        return self.encode(questions, answers)
+
+    def loss(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """FedMatch's pairwise hinge, mean over the batch: max(0, margin − f(q,a⁺) + f(q,a⁻))."""
+        scores = model(**batch).logits.squeeze(-1)
+        pos, neg = scores.chunk(2)
+        return {"hinge": torch.relu(self.settings.margin - pos + neg).mean()}
+
+    @torch.no_grad()
+    def scores(self, model: torch.nn.Module, questions: Sequence[Question], progress=None) -> list[list[float]]:
+        """f(q, a) for every candidate of every question. Pairs are scored in batches of similar
+        length (less padding); a question counts on `progress` once all its candidates are scored."""
+        pairs = [(i, j) for i, q in enumerate(questions) for j in range(len(q.candidates))]
+        order = sorted(range(len(pairs)), key=lambda k: (len(questions[pairs[k][0]].text) +
+                                                         len(questions[pairs[k][0]].candidates[pairs[k][1]])))
+        out = [[0.0] * len(q.candidates) for q in questions]
+        left = [len(q.candidates) for q in questions]
+        was_training = model.training
+        model.eval()
+        try:
+            bs = self.settings.eval_batch_size
+            for s in range(0, len(order), bs):
+                chunk = [pairs[k] for k in order[s:s + bs]]
+                enc = self.encode([questions[i].text for i, _ in chunk],
+                                  [questions[i].candidates[j] for i, j in chunk])
+                logits = model(**{k: v.to(model.device) for k, v in enc.items()}).logits.squeeze(-1)
+                done = 0
+                for (i, j), value in zip(chunk, logits.float().cpu().tolist()):
+                    out[i][j] = value
+                    left[i] -= 1
+                    done += left[i] == 0
+                if progress is not None and done:
+                    progress.advance(done)
+        finally:
+            model.train(was_training)
+        return out
+
+    def evaluate(self, model: torch.nn.Module, client: str, split: str, progress=None,
+                 final: bool = False) -> list[dict]:
+        """One row of summed ranking stats for `client`'s `split` (see `metrics`)."""
+        questions = self.questions[client][split]
+        rankable = [q for q in questions if _rankable(q)]
+        if progress is not None and len(rankable) < len(questions):
+            progress.advance(len(questions) - len(rankable))  # dropped without scoring
+        scores = self.scores(model, rankable, progress)
+        stats = pool([question_stats(s, q.labels, self.settings.margin) for s, q in zip(scores, rankable)])
+        stats["dropped"] = stats.get("dropped", 0.0) + len(questions) - len(rankable)
+        return [{"client": client, "task": self.name, "stats": stats}]
+
+    # ---- untrained references ------------------------------------------------------------
+
+    def reference(self, name: str, client: str, split: str) -> list[dict]:
+        """Rows of an untrained ranker (`bm25`: BM25 of the question against each candidate, the
+        index holding every candidate text of the silo, all splits) on `client`'s `split`."""
+        if name != "bm25":
+            raise ValueError(f"unknown reference ranker {name!r}")
+        index, position = self._pool(client)
+        rows = []
+        for q in self.questions[client][split]:
+            if not _rankable(q):
+                rows.append({"dropped": 1.0})
+                continue
+            all_scores = index.scores(q.text)
+            stats = question_stats([float(all_scores[position[c]]) for c in q.candidates], q.labels)
+            rows.append({k: v for k, v in stats.items() if k not in ("hinge_sum", "pairs")})
+        return [{"client": client, "task": self.name, "stats": pool(rows)}]
+
+    def _pool(self, silo: str):
+        if silo not in self._pools:
+            from .bm25 import Bm25Index
+            raw = load_silo(self.data_dir, silo, self.settings.negatives)  # cached on disk: cheap
+            texts = list(dict.fromkeys(c for s in SPLITS for q in raw[s] for c in q.candidates))
+            self._pools[silo] = (Bm25Index(texts), {t: i for i, t in enumerate(texts)})
+        return self._pools[silo]
