@@ -113,8 +113,8 @@ def write_doc(out: Path, doc: Path, rss: dict) -> None:
         "# FedMatch study at CPU scale (paper Tables 2 and 3)\n",
         f"Measured {date.today()} on {platform.machine()}, {os.cpu_count()} CPU cores, no GPU; "
         f"`python bench/qa_study.py --out {out} --doc {doc}`. Scale: see experiments/qa/table3.toml "
-        "(MiniLM-L6 cross-encoder, 64 tokens, 48 training questions per silo x 2 pairs, 3 rounds of 1 epoch, "
-        "60 dev/test questions per silo). Overall = the mean over the 5 silos, as the paper.\n",
+        "(MiniLM-L6 cross-encoder, 64 tokens, 32 training questions per silo x 2 pairs, 3 rounds of 1 epoch, "
+        "40 dev/test questions per silo). Overall = the mean over the 5 silos, as the paper.\n",
         "## Table 3 analogue: FedMatch vs baselines\n", markdown_table(t3["table"]), "",
         "## Table 2 analogue: patch variants (g x insertion)\n", markdown_table(t2["table"]), "",
         "## Cost\n", markdown_table(costs), "",
