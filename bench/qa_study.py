@@ -119,7 +119,7 @@ def write_doc(out: Path, doc: Path, rss: dict) -> None:
         "## Table 2 analogue: patch variants (g x insertion)\n", markdown_table(t2["table"]), "",
         "## Cost\n", markdown_table(costs), "",
         "## Seed noise\n",
-        f"FedAvg and FedMatch again with seed 1: overall MAP "
+        "FedAvg and FedMatch again with seed 1: overall MAP "
         + ", ".join(f"{v} {seeds[v][0]:.4f} (seed 0: {overall(t3, v)[0]:.4f})" for v in NOISE)
         + f". A difference in overall MAP smaller than {noise_map:.4f} is within seed noise.\n",
         "## The paper's claims, on what came out\n", *claims(t3, t2, noise_map), "",

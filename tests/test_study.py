@@ -5,7 +5,7 @@ import pytest
 
 from fedsilo.cli import main
 from fedsilo.config import ConfigError
-from fedsilo.runs.study import comparison_table, deep_merge, load_study, run_study
+from fedsilo.runs.study import deep_merge, load_study, run_study
 
 STUDY = '''
 [study]

@@ -25,7 +25,7 @@ from pydantic import Field
 from fedsilo.config import ConfigError, RunConfig, Strict, apply_overrides, validate
 from fedsilo.fileio import atomic_write_bytes
 
-from .report import _column, _fmt, display_name, exchange_totals, markdown_table, read_rounds, write_report
+from .report import _column, _fmt, _print_grid, display_name, exchange_totals, markdown_table, read_rounds, write_report
 
 __all__ = ["StudySettings", "load_study", "run_study", "comparison_table"]
 
@@ -157,13 +157,5 @@ def _write(out: Path, settings: StudySettings, table, costs, study: dict) -> Non
 
 
 def _print(console, settings: StudySettings, table, costs) -> None:
-    from rich.table import Table
-
-    for title, rows in ((settings.title or settings.name, table), ("cost", _cost_table(costs))):
-        grid = Table(title=title)
-        grid.add_column(rows[0][0], style="bold")
-        for col in rows[0][1:]:
-            grid.add_column(col, justify="right", no_wrap=True)
-        for row in rows[1:]:
-            grid.add_row(*row)
-        console.print(grid)
+    _print_grid(console, settings.title or settings.name, table)
+    _print_grid(console, "cost", _cost_table(costs))

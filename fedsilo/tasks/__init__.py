@@ -5,7 +5,7 @@ is a `TaskPlugin` that builds the task lazily, so validating a config imports no
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +32,17 @@ class TaskSettings(BaseModel):
     def for_silos(self, names: list[str]) -> "TaskSettings":
         """These settings as one machine holding only `names` sees them (a Flower silo)."""
         return self.model_copy(update={"silos": list(names)})
+
+
+def check_names(names: list[str], known: Sequence[str], kind: str = "silo", what: str = "silos",
+                empty_ok: bool = False) -> list[str]:
+    """A config's list of clients (silos, domains): known names, no repeats, non-empty unless allowed."""
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown {kind} {unknown[0]!r}; choose from {', '.join(known)}")
+    if (not names and not empty_ok) or len(set(names)) != len(names):
+        raise ValueError(f"{what} must be a {'' if empty_ok else 'non-empty '}list without repeats")
+    return names
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ multi-task client holds several tasks.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -95,6 +96,15 @@ class MetricSpec:
         return {"columns": [asdict(c) for c in self.columns], "primary": self.primary,
                 "higher_is_better": self.higher_is_better, "tie_break": self.tie_break,
                 "selection": self.selection, "description": self.description, "signature": self.signature}
+
+
+def fixed_subsample(items: list, n: int, key: str) -> list:
+    """`n` of `items` (all when `n` is 0 or not smaller), in their order, drawn with the seed `key`:
+    independent of the run seed, so runs with different seeds compare the same data."""
+    if not n or len(items) <= n:
+        return items
+    picked = random.Random(key).sample(range(len(items)), n)
+    return [items[i] for i in sorted(picked)]
 
 
 WORST = -1e308

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from fedsilo.tasks.base import pool
+from fedsilo.tasks.base import fixed_subsample, pool
 
 from .data import DISPLAY, DataError, Question, load_silo
 from .metrics import SPEC, question_stats
@@ -46,20 +46,12 @@ def triples(questions: Sequence[Question], per_question: int, key: str) -> list[
     return out
 
 
-def _cap(questions: list[Question], n: int, key: str) -> list[Question]:
-    """A fixed subsample of `n` questions, in their original order."""
-    if not n or len(questions) <= n:
-        return questions
-    picked = sorted(random.Random(key).sample(range(len(questions)), n))
-    return [questions[i] for i in picked]
-
-
 def _eval_set(questions: list[Question], n: int, key: str) -> list[Question]:
     """Every question (those that cannot be ranked are counted as dropped), or a fixed subsample of
     `n` among those that can be ranked: a subsample spends its size on questions that count."""
     if not n or len(questions) <= n:
         return questions
-    return _cap([q for q in questions if _rankable(q)], n, key)
+    return fixed_subsample([q for q in questions if _rankable(q)], n, key)
 
 
 def _rankable(q: Question) -> bool:
@@ -85,7 +77,7 @@ class MatchingTask:
                                 "and an irrelevant candidate")
             trainable = [q for q in raw["train"] if _rankable(q)]
             self.questions[silo] = {
-                "train": _cap(trainable, settings.max_train, f"{silo}/train"),
+                "train": fixed_subsample(trainable, settings.max_train, f"{silo}/train"),
                 "dev": _eval_set(raw["dev"], settings.max_eval, f"{silo}/dev"),
                 "test": _eval_set(raw["test"], settings.max_eval, f"{silo}/test"),
             }

@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from fedsilo.tasks import TASKS, TaskPlugin, TaskSettings
+from fedsilo.tasks import TASKS, TaskPlugin, TaskSettings, check_names
 
 SILOS = ("advising", "atis", "geography", "restaurants", "scholar", "academic", "imdb", "yelp")
 
@@ -24,12 +24,7 @@ class Text2SQLSettings(TaskSettings):
     @field_validator("silos")
     @classmethod
     def _known_silos(cls, v: list[str]) -> list[str]:
-        unknown = [s for s in v if s not in SILOS]
-        if unknown:
-            raise ValueError(f"unknown silo {unknown[0]!r}; choose from {', '.join(SILOS)}")
-        if not v or len(set(v)) != len(v):
-            raise ValueError("silos must be a non-empty list without repeats")
-        return v
+        return check_names(v, SILOS)
 
     def client_names(self) -> list[str]:
         return list(self.silos)

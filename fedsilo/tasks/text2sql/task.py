@@ -14,7 +14,6 @@ A row is one silo. Its stats are additive, so pooling silos (or machines) is exa
 from __future__ import annotations
 
 import math
-import random
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 
 import torch
 
-from fedsilo.tasks.base import Column, Metrics, MetricSpec
+from fedsilo.tasks.base import Column, MetricSpec, Metrics, fixed_subsample
 
 from .data import DISPLAY, DataError, Example, load_silo
 from .metrics import EXEC_DB, exact_match, execution_match
@@ -75,13 +74,6 @@ SPEC = MetricSpec(
 )
 
 
-def _cap(examples: list[Example], n: int, key: str) -> list[Example]:
-    """A fixed subsample (independent of the run seed, so seeds compare the same data)."""
-    if not n or len(examples) <= n:
-        return examples
-    picked = random.Random(key).sample(range(len(examples)), n)
-    return [examples[i] for i in sorted(picked)]
-
 
 def _require_splits(raw: dict[str, list[Example]], path: Path) -> None:
     """A silo trains, selects its model and is tested on its own examples: an empty split is a data
@@ -124,9 +116,9 @@ class Text2SQLTask:
             raw = load_silo(self.data_dir, silo)
             _require_splits(raw, self.data_dir / f"{silo}.json")
             self.splits[silo] = {
-                "train": _cap(raw["train"], train_size(len(raw["train"]), settings), f"{silo}/train"),
-                "dev": _cap(raw["dev"], settings.max_eval, f"{silo}/dev"),
-                "test": _cap(raw["test"], settings.max_eval, f"{silo}/test"),
+                "train": fixed_subsample(raw["train"], train_size(len(raw["train"]), settings), f"{silo}/train"),
+                "dev": fixed_subsample(raw["dev"], settings.max_eval, f"{silo}/dev"),
+                "test": fixed_subsample(raw["test"], settings.max_eval, f"{silo}/test"),
             }
         # Untruncated target lengths (tokens + EOS), keyed by the canonical SQL text.
         targets = list(dict.fromkeys(e.sql for parts in self.splits.values() for ex in parts.values() for e in ex))

@@ -5,18 +5,13 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from fedsilo.tasks import TASKS, TaskPlugin, TaskSettings
+from fedsilo.tasks import TASKS, TaskPlugin, TaskSettings, check_names
 
 DOMAINS = ("news", "ted", "tatoeba", "docs", "ui")  # = data.DOMAINS (kept here: no data code on import)
 
 
 def _domains(v: list[str], what: str, empty_ok: bool = False) -> list[str]:
-    unknown = [d for d in v if d not in DOMAINS]
-    if unknown:
-        raise ValueError(f"unknown domain {unknown[0]!r}; choose from {', '.join(DOMAINS)}")
-    if (not v and not empty_ok) or len(set(v)) != len(v):
-        raise ValueError(f"{what} must be a {'' if empty_ok else 'non-empty '}list without repeats")
-    return v
+    return check_names(v, DOMAINS, "domain", what, empty_ok)
 
 
 class TranslationSettings(TaskSettings):

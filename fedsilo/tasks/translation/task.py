@@ -9,13 +9,13 @@ machines, is exact.
 """
 from __future__ import annotations
 
-import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
 
 from fedsilo.datafetch import default_data_root
+from fedsilo.tasks.base import fixed_subsample
 
 from .data import DISPLAY, DataError, Pair, load_domain
 from .metrics import SPEC, bleu_stats, signatures
@@ -38,13 +38,6 @@ def task_tokenizer(settings: TranslationSettings, data_dir: Path):
                        "translation" / "tokenizers", settings.vocab_size, settings.tokenizer_model)
 
 
-def _cap(pairs: list[Pair], n: int, key: str) -> list[Pair]:
-    """A fixed subsample (independent of the run seed, so seeds compare the same data)."""
-    if not n or len(pairs) <= n:
-        return pairs
-    picked = random.Random(key).sample(range(len(pairs)), n)
-    return [pairs[i] for i in sorted(picked)]
-
 
 class TranslationTask:
     """The chosen domains as silos; the matrix domains' dev/test sets are loaded too."""
@@ -61,9 +54,9 @@ class TranslationTask:
             if empty:
                 raise DataError(f"{self.data_dir}: translation domain {domain} has no {' / '.join(empty)} pairs")
             self.splits[domain] = {
-                "train": _cap(raw["train"], settings.max_train, f"{domain}/train"),
-                "dev": _cap(raw["dev"], settings.max_eval, f"{domain}/dev"),
-                "test": _cap(raw["test"], settings.max_eval, f"{domain}/test"),
+                "train": fixed_subsample(raw["train"], settings.max_train, f"{domain}/train"),
+                "dev": fixed_subsample(raw["dev"], settings.max_eval, f"{domain}/dev"),
+                "test": fixed_subsample(raw["test"], settings.max_eval, f"{domain}/test"),
             }
         self.signatures = signatures()
 
