@@ -205,7 +205,7 @@ def test_second_task_on_flower_simulation_matches_in_process(tmp_path, monkeypat
     points on Flower: every silo keeps its score head private and a personal model in its store."""
     from pathlib import Path
 
-    from fedsilo.engines.flower.simulation import run_simulation
+    from tests.parity import local_and_simulation
     from tests.test_plugins import toy_config
 
     # Flower's simulation workers import the config's plugins (tests.toytask) from the repository root
@@ -213,13 +213,7 @@ def test_second_task_on_flower_simulation_matches_in_process(tmp_path, monkeypat
     monkeypatch.setenv("PYTHONPATH", root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cfg = toy_config(exchange={"private": ["classifier.*"], "overwrite": "none"},
                      client={"regularizers": {"personal": 0.2}})
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        run_experiment(cfg, tmp_path / "local", show_progress=False)
-    finally:
-        torch.set_num_threads(threads)
-    run_simulation(cfg, tmp_path / "sim", show_progress=False)
+    local_and_simulation(cfg, tmp_path)
     a, b = rounds_of(tmp_path / "local"), rounds_of(tmp_path / "sim")
     for x, y in zip(a, b):
         for c in x["clients"]:

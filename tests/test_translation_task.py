@@ -176,18 +176,9 @@ def test_a_local_marian_checkpoint_loads_unchanged(tmp_path):
 
 def test_dp_l_on_flower_simulation_matches_in_process(tmp_path):
     """Selections are made on the silo from its previous-round tensors kept in its own store."""
-    import os
-
-    from fedsilo.engines.flower.simulation import run_simulation
-    os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
+    from tests.parity import local_and_simulation
     cfg = validate(nmt_config(task={"matrix": []}))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as each Flower ClientApp gets
-    try:
-        run_experiment(cfg, tmp_path / "local", show_progress=False)
-    finally:
-        torch.set_num_threads(threads)
-    run_simulation(cfg, tmp_path / "sim", show_progress=False)
+    local_and_simulation(cfg, tmp_path)
     a, b = rounds_of(tmp_path / "local"), rounds_of(tmp_path / "sim")
     assert len(a) == len(b) == 2
     for x, y in zip(a, b):
