@@ -86,6 +86,9 @@ class ClientConfig(Strict):
                                                       "repeated as needed (the paper's 10K-step rounds); "
                                                       "None: `epochs` full passes")
     lr: FiniteFloat = Field(1e-3, gt=0)
+    private_lr: FiniteFloat | None = Field(
+        None, gt=0, description="learning rate of the tensors the client keeps (exchange.private: FedMatch's "
+                                "patches, FedPer's head); None: `lr`")
     batch_size: int = Field(8, gt=0)
     grad_accum: int = Field(1, gt=0, lt=2**63, description="batches per optimiser step (the Lorar authors: 16)")
     optimizer: choice(CLIENT_OPTIMIZERS) = "adafactor"

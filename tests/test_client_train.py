@@ -112,3 +112,14 @@ def test_steps_per_round_repeat_passes_as_needed_and_stop_exactly():
     assert r.steps == 3
     r = run(8, epochs=1, batch_size=1, grad_accum=2, max_steps=3)
     assert r.steps == 3
+
+
+def test_lr_overrides_put_named_parameters_in_their_own_group_in_model_order():
+    from fedsilo.client.train import param_groups
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    model[0].bias.requires_grad_(False)
+    groups = param_groups(dict(model.named_parameters()), 0.1, {"1.weight": 0.5, "0.weight": 0.5})
+    assert [g["lr"] for g in groups] == [0.1, 0.5]
+    assert groups[0]["params"] == [model[1].bias]  # the frozen bias is in no group
+    assert groups[1]["params"] == [model[0].weight, model[1].weight]
+    assert len(param_groups(dict(model.named_parameters()), 0.1, {})) == 1

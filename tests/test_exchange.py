@@ -16,7 +16,7 @@ from tests.toy import TiedToy, ToyTask, toy_data
 CFG = ClientConfig(epochs=1, lr=0.1, batch_size=4, optimizer="sgd", max_grad_norm=0)
 
 
-def federation(plan: ExchangePlan, n_clients: int = 2, store=None):
+def federation(plan: ExchangePlan, n_clients: int = 2, store=None, cfg: ClientConfig = CFG):
     torch.manual_seed(0)
     model = TiedToy()
     params = dict(model.named_parameters())
@@ -24,7 +24,7 @@ def federation(plan: ExchangePlan, n_clients: int = 2, store=None):
     server = Server({k: params[k].detach() for k in shared}, ServerOptimizer("fedavg"), "size", plan)
     store = store if store is not None else MemoryStore()
     initial = {k: params[k].detach().clone() for k in private}
-    clients = {f"c{i}": SiloClient(f"c{i}", i, toy_data(8 + 4 * i, seed=i), ToyTask, CFG, model, plan, store, initial)
+    clients = {f"c{i}": SiloClient(f"c{i}", i, toy_data(8 + 4 * i, seed=i), ToyTask, cfg, model, plan, store, initial)
                for i in range(n_clients)}
     return model, server, clients
 
@@ -56,6 +56,26 @@ def test_private_tensors_never_leave_and_survive_rounds(backend, tmp_path):
     for name, client in clients.items():
         client.load_for_eval(server.params)
         assert torch.equal(model.dec.weight.detach(), after_r1[name]["dec.weight"])
+
+
+def test_private_lr_scales_only_the_kept_tensors_steps():
+    """One SGD step (batch = all 8 examples): a private tensor moves private_lr/lr times as far; the
+    shared ones move exactly as without private_lr."""
+    plan = ExchangePlan(shared=("*",), private=("dec.*",))
+    moved = {}
+    for private_lr in (None, 0.3):
+        cfg = CFG.model_copy(update={"batch_size": 8, "private_lr": private_lr})
+        model, server, clients = federation(plan, n_clients=1, cfg=cfg)
+        before = {k: v.detach().clone() for k, v in model.named_parameters()}
+        update = clients["c0"].fit(1, dict(server.params), seed=0)
+        assert update.steps == 1
+        after = dict(model.named_parameters())
+        moved[private_lr] = {k: after[k].detach() - before[k] for k in before}
+    for name in ("dec.weight", "dec.bias"):
+        assert moved[None][name].abs().sum() > 0
+        torch.testing.assert_close(moved[0.3][name], 3 * moved[None][name])
+    for name in ("emb.weight", "enc.weight", "enc.bias"):
+        assert torch.equal(moved[0.3][name], moved[None][name])
 
 
 def test_fixed_subset_exchange_and_bytes():

@@ -99,7 +99,8 @@ class SiloClient:
             restore = lambda opt: optimizer_from_slot(opt, state.slot("optimizer"), state.meta["optimizer_scalars"])  # noqa: E731
         result, opt = train_local(
             self.model, examples, self.task.collate, self.task.loss,
-            epochs=self.cfg.epochs, lr=self.cfg.lr, batch_size=self.cfg.batch_size, grad_accum=self.cfg.grad_accum,
+            epochs=self.cfg.epochs, lr=self.cfg.lr, lr_overrides=self._private_lrs(), batch_size=self.cfg.batch_size,
+            grad_accum=self.cfg.grad_accum,
             optimizer=self.cfg.optimizer, weight_decay=self.cfg.weight_decay, logging_steps=self.cfg.logging_steps,
             regularizers=self.cfg.regularizers, anchor={k: received[k] for k in received if k in self.shared_names},
             tracked_terms=self.cfg.tracked_terms, seed=run_seed, step_offset=int(state.meta.get("steps_done", 0)),
@@ -121,6 +122,10 @@ class SiloClient:
         # n: the silo's own data (FedAvg's n_k, what it registered), not counting pseudo-labelled extras
         return ClientUpdate(values, len(self.examples), stats, result.steps, result.losses,
                             time.perf_counter() - start)
+
+    def _private_lrs(self) -> dict[str, float]:
+        rate = self.cfg.private_lr
+        return {} if rate is None else dict.fromkeys(self.private_names, rate)
 
     def _save(self, state: ClientState, params: dict, upload: list[str], steps: int,
               opt: torch.optim.Optimizer) -> None:

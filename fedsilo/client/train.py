@@ -58,6 +58,17 @@ class LocalResult:
     seconds: float = 0.0
 
 
+def param_groups(params: Mapping[str, torch.nn.Parameter], lr: float,
+                 lr_overrides: Mapping[str, float]) -> list[dict]:
+    """The trainable parameters in one optimiser group per learning rate, `lr`'s first, each in
+    the model's order (so a saved optimiser state maps back onto the same tensors)."""
+    groups: dict[float, list[torch.nn.Parameter]] = {lr: []}
+    for name, p in params.items():
+        if p.requires_grad:
+            groups.setdefault(lr_overrides.get(name, lr), []).append(p)
+    return [{"params": ps, "lr": rate} for rate, ps in groups.items() if ps]
+
+
 def train_local(
     model: torch.nn.Module,
     examples: Sequence,
@@ -67,6 +78,7 @@ def train_local(
     epochs: int,
     lr: float,
     batch_size: int,
+    lr_overrides: Mapping[str, float] | None = None,
     grad_accum: int = 1,
     optimizer: str = "adafactor",
     weight_decay: float = 0.0,
@@ -83,6 +95,7 @@ def train_local(
 ) -> tuple[LocalResult, torch.optim.Optimizer]:
     """Train `model` in place on `examples`; returns the result and the optimiser (for its state).
 
+    `lr_overrides` gives some parameters (by name) their own learning rate.
     `loss_fn(model, batch)` gives the task's named loss terms; registered regularisers anchored to
     `anchor` (the received global tensors) are added. Training minimises the sum of all terms; the
     logged loss (ΔL, mean loss) is the sum of `tracked_terms` (default: all). Randomness (data order,
@@ -92,7 +105,7 @@ def train_local(
     params = dict(model.named_parameters())
     device = next(iter(params.values())).device
     trainable = [p for p in params.values() if p.requires_grad]
-    opt = make_optimizer(optimizer, trainable, lr, weight_decay)
+    opt = make_optimizer(optimizer, param_groups(params, lr, lr_overrides or {}), lr, weight_decay)
     if optimizer_state is not None:
         optimizer_state(opt)
     regularizers = dict(regularizers or {})
