@@ -3,7 +3,7 @@
 Runs the variants of experiments/qa/table3.toml (baselines, client sampling) and table2.toml (the 8
 patch variants), plus FedAvg and FedMatch again with another seed as the noise yardstick, each in
 its own process (so each variant's peak RSS is its own), into --out. Then writes --doc: both tables
-with BM25 beside them, the parameters each method sends, wall time per round and peak RSS, and the
+with BM25 beside them, the parameters each method sends and peak RSS, how far the patches moved, and the
 paper's claims checked against the seed noise. Finished variants are skipped on a re-run.
 
     python bench/qa_study.py --out runs/qa-study --doc docs/qa-study.md [--only fedavg,fedmatch]
@@ -19,7 +19,7 @@ import sys
 from datetime import date
 from pathlib import Path
 
-from fedsilo.runs.report import markdown_table, read_rounds
+from fedsilo.runs.report import markdown_table
 from fedsilo.runs.study import run_study
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,12 +52,6 @@ def run_variant(study: Path, variant: str, out: Path, seed: int | None = None) -
         (out / "_seed1" / variant).rename(target)
     rss = next(int(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("PEAK_RSS_KB"))
     return rss / 2**20
-
-
-def per_round_seconds(run: Path) -> float:
-    rounds = [r for sub in [run, *sorted((run / "silos").glob("*"))] if (sub / "rounds.jsonl").is_file()
-              for r in read_rounds(sub)]
-    return sum(r.get("seconds", 0.0) for r in rounds) / max(1, len(rounds))
 
 
 def patch_size(run: Path) -> float:
@@ -113,11 +107,10 @@ def write_doc(out: Path, doc: Path, rss: dict) -> None:
         results = json.loads((out / TABLE3.stem / name / "results.json").read_text())
         seeds[variant] = results["test"]["macro"]["map"], results["test"]["macro"]["mrr"]
     noise_map = max(abs(overall(t3, v)[0] - seeds[v][0]) for v in NOISE)
-    costs = [["method", "parameters up (all rounds, all silos)", "MB up", "s per round", "peak RSS GiB"]]
+    costs = [["method", "parameters up (all rounds, all silos)", "MB up", "peak RSS GiB"]]
     for study in (t3, t2):
         for name, c in study["costs"].items():
             costs.append([name, f"{c['params_up']:,.0f}", f"{c['bytes_up'] / 1e6:.1f}",
-                          f"{per_round_seconds(Path(study['variants'][name])):.1f}",
                           f"{rss[name]:.2f}" if name in rss else "-"])
     lines = [
         "# FedMatch study at CPU scale (paper Tables 2 and 3)\n",
@@ -130,6 +123,9 @@ def write_doc(out: Path, doc: Path, rss: dict) -> None:
         "## Table 3 analogue: FedMatch vs baselines\n", markdown_table(t3["table"]), "",
         "## Table 2 analogue: patch variants (g x insertion)\n", markdown_table(t2["table"]), "",
         "## Cost\n", markdown_table(costs), "",
+        "Wall time is not compared here: the variants run one after another, over hours of varying load "
+        "on a shared machine. `python bench/fedmatch_cost.py` measures FedAvg against FedMatch "
+        "interleaved in one run (docs/benchmarks.md).\n",
         "## How far the patches moved\n",
         "Mean |V_D| (the zero-initialised up-projection) over the silos after the last round: "
         + ", ".join(f"{v} {patch_size(Path(t3['variants'][v])):.2e}" for v in ("fedmatch", "fedmatch_plr"))
