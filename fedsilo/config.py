@@ -247,6 +247,15 @@ class RunConfig(Strict):
                 raise _TaskSectionError(_where_what(err, prefix=f"clients.{name}")) from None
         return self
 
+    @model_validator(mode="after")
+    def _private_lr_has_tensors(self) -> "RunConfig":
+        # A rate for kept tensors when nothing is kept would silently change nothing.
+        rates = [self.client.private_lr, *(o.private_lr for o in self.clients.values())]
+        if any(r is not None for r in rates) and not (self.paradigm == "federated" and self.exchange.private):
+            raise ValueError("client.private_lr: set for the tensors a client keeps, but this run keeps none "
+                             "(it needs paradigm = \"federated\" and exchange.private patterns)")
+        return self
+
     @property
     def persist_optimizer(self) -> bool:
         if self.client.persist_optimizer is not None:

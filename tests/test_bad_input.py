@@ -105,6 +105,8 @@ def test_malformed_set(tmp_path, capsys, item):
     (f"client.grad_accum={HUGE}", "client.grad_accum"),    # overflowed inside torch mid-round
     (f"model.d_model={HUGE}", "model.d_model"),            # overflowed inside torch while building
     (f"model.num_layers={HUGE}", "model.num_layers"),      # ran out of memory while building
+    ("client.private_lr=1e-3", "client.private_lr"),       # the run keeps no tensors: it would change nothing
+    ("clients.alpha.private_lr=1e-3", "client.private_lr"),
 ])
 def test_impossible_values(tmp_path, capsys, item, key):
     fails(capsys, "run", str(toy_file(tmp_path)), "--set", item, culprit=key)
