@@ -25,24 +25,18 @@ from __future__ import annotations
 
 import csv
 import functools
-import gzip
-import hashlib
 import io
 import itertools
-import json
-import os
 import random
-import tempfile
 import warnings
 import xml.etree.ElementTree as ET
-import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
-from fedsilo.datafetch import DataChangedWarning, DataError, default_data_root, differs_from_pins, read_manifest
+from fedsilo.datafetch import DataChangedWarning, DataError, differs_from_pins, read_manifest
 
+from ..prepared import cache_path, package_version, read_cache, write_cache
 from .bm25 import Bm25Index, top_k
 
 __all__ = ["SILOS", "DISPLAY", "SPLITS", "PREPARE_VERSION", "DataError", "Question", "load_silo",
@@ -382,36 +376,20 @@ def _label(path: Path, line: int, value: str) -> int:
 # ---- cache of prepared splits --------------------------------------------------------------
 
 def _cache_path(silo: str, negatives: int, data_dir: Path) -> Path:
-    """``<data root>/prepared/matching/<silo>-<key>.json.gz``; the key covers the inputs' contents
-    (sha256 and size), ``negatives``, :data:`PREPARE_VERSION` and the bm25s version (it mines)."""
-    key = hashlib.sha256()
-    for part in (silo, str(PREPARE_VERSION), str(negatives), _bm25s_version()):
-        key.update(part.encode() + b"\0")
-    for name in _files(silo):
-        try:
-            data = (data_dir / name).read_bytes()
-        except OSError as e:
-            raise DataError(f"cannot read {data_dir / name}: {e.strerror or e}") from None
-        key.update(f"{name}\0{len(data)}\0{hashlib.sha256(data).hexdigest()}\0".encode())
-    return default_data_root() / "prepared" / "matching" / f"{silo}-{key.hexdigest()}.json.gz"
-
-
-def _bm25s_version() -> str:
-    try:
-        return metadata.version("bm25s")
-    except metadata.PackageNotFoundError:
-        return "absent"
+    """The key covers the inputs, ``negatives``, :data:`PREPARE_VERSION` and the bm25s version (it mines)."""
+    return cache_path("matching", silo, [data_dir / name for name in _files(silo)],
+                      [str(PREPARE_VERSION), str(negatives), package_version("bm25s")])
 
 
 def _read_cache(path: Path) -> _Splits | None:
     """The cached splits, or None when absent or not a well-formed cache file (then rebuilt)."""
     try:
-        data = json.loads(gzip.decompress(path.read_bytes()))
+        data = read_cache(path)
         splits = data["splits"]
         if data["version"] != PREPARE_VERSION or set(splits) != set(SPLITS):
             return None
         return {split: [_from_json(row) for row in splits[split]] for split in SPLITS}
-    except (OSError, EOFError, zlib.error, ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError):
         return None
 
 
@@ -425,21 +403,7 @@ def _from_json(row: list) -> Question:
 
 
 def _write_cache(path: Path, silo: str, negatives: int, splits: _Splits) -> None:
-    """Atomically (a unique temp file, then a rename: clients preparing at once do not mix), and
-    best effort: a read-only cache folder only costs the next load its preparation time."""
     payload = {"version": PREPARE_VERSION, "silo": silo, "negatives": negatives,
                "splits": {split: [[q.qid, q.text, list(q.candidates), list(q.labels)] for q in splits[split]]
                           for split in SPLITS}}
-    data = gzip.compress(json.dumps(payload, ensure_ascii=False).encode(), 1)  # fast: mined negatives repeat long answers
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError:
-        return
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; a data cache is meant to be shared
-        os.replace(tmp, path)
-    except OSError:
-        Path(tmp).unlink(missing_ok=True)
+    write_cache(path, payload, level=1)  # fast: mined negatives repeat long answers

@@ -22,18 +22,17 @@ regex work, so prepared splits are cached under the data root, keyed by the inpu
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import random
 import warnings
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
-from fedsilo.datafetch import DataChangedWarning, DataError, default_data_root, differs_from_pins
-from fedsilo.fileio import atomic_write_bytes
+from fedsilo.datafetch import DataChangedWarning, DataError, differs_from_pins
+
+from ..prepared import cache_path, package_version, read_cache, write_cache
 
 __all__ = [
     "DOMAINS", "DISPLAY", "SPLITS", "SPLIT_COUNTS", "PREPARE_VERSION", "DataError", "Pair",
@@ -364,36 +363,19 @@ def _read_json_texts(path: Path) -> dict[str, str]:
 # ---- cache of prepared splits --------------------------------------------------------------
 
 def _cache_path(domain: str, paths: list[Path]) -> Path:
-    """``<data root>/prepared/translation/<domain>-<key>.json.gz``; the key covers the inputs'
-    contents (sha256 and size), :data:`PREPARE_VERSION` and the sacremoses version."""
-    key = hashlib.sha256()
-    for part in (domain, str(PREPARE_VERSION), _sacremoses_version()):
-        key.update(part.encode() + b"\0")
-    for path in paths:
-        try:
-            data = path.read_bytes()
-        except OSError as e:
-            raise DataError(f"cannot read {path}: {e.strerror or e}") from None
-        key.update(f"{path.name}\0{len(data)}\0{hashlib.sha256(data).hexdigest()}\0".encode())
-    return default_data_root() / "prepared" / "translation" / f"{domain}-{key.hexdigest()}.json.gz"
-
-
-def _sacremoses_version() -> str:
-    try:
-        return metadata.version("sacremoses")
-    except metadata.PackageNotFoundError:
-        return "absent"
+    """The key covers the inputs, :data:`PREPARE_VERSION` and the sacremoses version."""
+    return cache_path("translation", domain, paths, [str(PREPARE_VERSION), package_version("sacremoses")])
 
 
 def _read_cache(path: Path) -> dict[str, _Raw] | None:
     """The cached splits, or None when absent or not a well-formed cache file (then rebuilt)."""
     try:
-        data = json.loads(gzip.decompress(path.read_bytes()))
+        data = read_cache(path)
         splits = data["splits"]
         if data["version"] != PREPARE_VERSION or set(splits) != set(SPLITS):
             return None
         out = {split: [(s, t) for s, t in splits[split]] for split in SPLITS}
-    except (OSError, EOFError, zlib.error, ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError):
         return None
     if not all(isinstance(x, str) for rows in out.values() for pair in rows for x in pair):
         return None
@@ -401,10 +383,4 @@ def _read_cache(path: Path) -> dict[str, _Raw] | None:
 
 
 def _write_cache(path: Path, domain: str, splits: dict[str, _Raw]) -> None:
-    """Best effort: a read-only cache folder only costs the next load its preparation time."""
-    payload = {"version": PREPARE_VERSION, "domain": domain, "splits": {k: splits[k] for k in SPLITS}}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, gzip.compress(json.dumps(payload, ensure_ascii=False).encode(), 6))
-    except OSError:
-        pass
+    write_cache(path, {"version": PREPARE_VERSION, "domain": domain, "splits": {k: splits[k] for k in SPLITS}})
