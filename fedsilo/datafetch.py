@@ -17,12 +17,13 @@ import os
 import sys
 import tempfile
 import urllib.request
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 __all__ = ["DataError", "DataChangedWarning", "Source", "default_data_root", "read_manifest", "find_mirror",
-           "ensure", "differs_from_pins"]
+           "ensure", "differs_from_pins", "require_files", "warn_if_unpinned"]
 
 _TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 _URL = "https://raw.githubusercontent.com/{repo}/{commit}/{path}"
@@ -132,6 +133,21 @@ def differs_from_pins(task: str, folder: Path, names: list[str]) -> list[str]:
     data), not to refuse; names the manifest does not list are not judged."""
     pins = {src.path: src for src in read_manifest(_TASKS_DIR / task / "sources.tsv")}
     return [name for name in names if name in pins and not _is_verified(Path(folder) / name, pins[name])]
+
+
+def require_files(task: str, data_dir: Path, names: list[str]) -> None:
+    """An explicit data folder holds each of ``names``; the first missing one is named."""
+    for name in names:
+        if not (Path(data_dir) / name).is_file():
+            raise DataError(f"{task} data file not found: {Path(data_dir) / name}")
+
+
+def warn_if_unpinned(task: str, data_dir: Path, names: list[str]) -> None:
+    """One warning listing those of ``names`` that differ from ``task``'s pins: used as they are."""
+    changed = differs_from_pins(task, data_dir, names)
+    if changed:
+        warnings.warn(DataChangedWarning(f"task.data_dir {data_dir}: not the pinned benchmark files (sha256), "
+                                         f"used as they are: {', '.join(changed)}"), stacklevel=3)
 
 
 def _is_verified(path: Path, src: Source) -> bool:

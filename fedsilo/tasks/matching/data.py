@@ -28,13 +28,12 @@ import functools
 import io
 import itertools
 import random
-import warnings
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedsilo.datafetch import DataChangedWarning, DataError, differs_from_pins, read_manifest
+from fedsilo.datafetch import DataError, read_manifest, require_files, warn_if_unpinned
 
 from ..prepared import cache_path, package_version, read_cache, write_cache
 from .bm25 import Bm25Index, top_k
@@ -93,9 +92,7 @@ def load_silo(data_dir: str | Path, silo: str, negatives: int = 5) -> dict[str, 
     if negatives < 0:
         raise ValueError(f"negatives must be >= 0, got {negatives}")
     data_dir = Path(data_dir)
-    for name in _files(silo):
-        if not (data_dir / name).is_file():
-            raise DataError(f"matching data file not found: {data_dir / name}")
+    require_files("matching", data_dir, _files(silo))
     cache = _cache_path(silo, negatives, data_dir)
     splits = _read_cache(cache)
     if splits is None:
@@ -109,13 +106,8 @@ def verify_data_dir(silos: Sequence[str], data_dir: Path) -> None:
     files that differ from the pinned ones are warned about. Records are checked as they load."""
     data_dir = Path(data_dir)
     names = required_files(silos)
-    for name in names:
-        if not (data_dir / name).is_file():
-            raise DataError(f"matching data file not found: {data_dir / name}")
-    changed = differs_from_pins("matching", data_dir, names)
-    if changed:
-        warnings.warn(DataChangedWarning(f"task.data_dir {data_dir}: not the pinned benchmark files (sha256), "
-                                         f"used as they are: {', '.join(changed)}"), stacklevel=2)
+    require_files("matching", data_dir, names)
+    warn_if_unpinned("matching", data_dir, names)
 
 
 def _check_silo(silo: str) -> None:

@@ -11,11 +11,10 @@ import csv
 import json
 import re
 import sqlite3
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedsilo.datafetch import DataChangedWarning, DataError, differs_from_pins
+from fedsilo.datafetch import DataError, require_files, warn_if_unpinned
 from fedsilo.tasks.text2sql.plugin import SILOS, Text2SQLSettings
 
 __all__ = [
@@ -136,18 +135,13 @@ def verify_data_dir(settings: Text2SQLSettings, data_dir: Path) -> None:
     data_dir = Path(data_dir)
     names = [f"{s}{suffix}" for s in settings.silos for suffix in (".json", "-schema.csv")]
     databases = [EXEC_DB[s] for s in settings.silos if s in EXEC_DB] if settings.exec_accuracy else []
-    for name in names:
-        if not (data_dir / name).is_file():
-            raise DataError(f"text2sql data file not found: {data_dir / name}")
+    require_files("text2sql", data_dir, names)
     for name in databases:
         if not (data_dir / name).is_file():
             raise DataError(f"text2sql database not found: {data_dir / name} (for execution match; "
                             "task.exec_accuracy = false goes without)")
         _check_database(data_dir / name)
-    changed = differs_from_pins("text2sql", data_dir, names + databases)
-    if changed:
-        warnings.warn(DataChangedWarning(f"task.data_dir {data_dir}: not the pinned benchmark files (sha256), "
-                                         f"used as they are: {', '.join(changed)}"), stacklevel=2)
+    warn_if_unpinned("text2sql", data_dir, names + databases)
 
 
 def _check_database(path: Path) -> None:

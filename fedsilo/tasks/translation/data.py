@@ -24,13 +24,12 @@ from __future__ import annotations
 import gzip
 import json
 import random
-import warnings
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedsilo.datafetch import DataChangedWarning, DataError, differs_from_pins
+from fedsilo.datafetch import DataError, require_files, warn_if_unpinned
 
 from ..prepared import cache_path, package_version, read_cache, write_cache
 
@@ -101,11 +100,8 @@ def load_domain(data_dir: str | Path, domain: str) -> dict[str, list[Pair]]:
     """One domain's pairs keyed "train"/"dev"/"test", from the cache when the inputs are unchanged."""
     _check_domain(domain)
     data_dir = Path(data_dir)
-    paths = [data_dir / name for name in _FILES[domain]]
-    for path in paths:
-        if not path.is_file():
-            raise DataError(f"translation data file not found: {path}")
-    cache = _cache_path(domain, paths)
+    require_files("translation", data_dir, _FILES[domain])
+    cache = _cache_path(domain, [data_dir / name for name in _FILES[domain]])
     splits = _read_cache(cache)
     if splits is None:
         splits = _PREPARE[domain](data_dir)
@@ -119,13 +115,8 @@ def verify_data_dir(settings, data_dir: Path) -> None:
     Records are checked as they load."""
     data_dir = Path(data_dir)
     names = required_files(settings.silos)
-    for name in names:
-        if not (data_dir / name).is_file():
-            raise DataError(f"translation data file not found: {data_dir / name}")
-    changed = differs_from_pins("translation", data_dir, names)
-    if changed:
-        warnings.warn(DataChangedWarning(f"task.data_dir {data_dir}: not the pinned benchmark files (sha256), "
-                                         f"used as they are: {', '.join(changed)}"), stacklevel=2)
+    require_files("translation", data_dir, names)
+    warn_if_unpinned("translation", data_dir, names)
 
 
 def split_size(n_sources: int) -> int:
