@@ -139,6 +139,18 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from fedsilo.runs.compare import CompareError, compare_runs
+
+    try:
+        summary, md = compare_runs(Path(args.run), Path(args.baseline), args.tie)
+    except CompareError as err:
+        raise UserError(str(err)) from None
+    print(md.read_text(), end="")
+    print(f"written: {md} and {md.with_suffix('.json')}")
+    return 0
+
+
 def _cmd_data(args: argparse.Namespace) -> int:
     from fedsilo.datafetch import default_data_root, ensure, find_mirror
 
@@ -192,6 +204,13 @@ def parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="(re)write report.md and plots of a run directory")
     rep.add_argument("run_dir", help="a run directory (holding rounds.jsonl), e.g. runs/lorar-small")
     rep.set_defaults(func=_cmd_report)
+    cmp = sub.add_parser("compare", help="task-by-task improvement of a run over a baseline run: PIR, APIR, "
+                                         "Win/Lose/Tie (the FewFedWeight paper's metrics)")
+    cmp.add_argument("run", help="a finished run directory")
+    cmp.add_argument("--baseline", required=True, help="a finished run directory of the same tasks (the paper: "
+                                                       "Data Silo, each client alone)")
+    cmp.add_argument("--tie", type=float, default=0.0, help="metric differences up to this count as ties (default 0)")
+    cmp.set_defaults(func=_cmd_compare)
     d = sub.add_parser("data", help="obtain and verify a benchmark's files (pinned commit + sha256)")
     from fedsilo.tasks import TASKS  # light: settings and lazy builders only
 

@@ -15,8 +15,9 @@ from typing import Annotated, Any, Literal
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError,
                       create_model, field_validator, model_validator)
 
+from fedsilo.client import pseudo as _pseudo  # noqa: F401  (registers the pseudo_labels hook)
 from fedsilo.client.hooks import ROUND_HOOKS
-from fedsilo.client.objective import REGULARIZERS
+from fedsilo.client.objective import CLIENT_OBJECTIVES, REGULARIZERS
 from fedsilo.client.optim import CLIENT_OPTIMIZERS
 from fedsilo.core.aggregate import AGGREGATIONS
 from fedsilo.core.exchange import DOWNLOADS, OVERWRITES, SELECTORS
@@ -80,6 +81,14 @@ class ModelConfig(Strict):
                                                     "model) or a checkpoint file, e.g. a generic engine")
 
 
+class PersonalConfig(Strict):
+    """Ditto (Li et al. 2021): a personal model v per client, trained after the federated update on
+    the same data with λ/2·‖v − w_global‖² added."""
+    coef: FiniteFloat = Field(0.1, ge=0, description="λ of the personal regulariser")
+    epochs: int = Field(1, gt=0, description="passes over the client's data per round")
+    lr: FiniteFloat | None = Field(None, gt=0, description="None: client.lr")
+
+
 class ClientConfig(Strict):
     epochs: int = Field(1, gt=0)
     steps: int | None = Field(None, gt=0, description="optimiser steps per round, passes over the data "
@@ -100,7 +109,15 @@ class ClientConfig(Strict):
     tracked_terms: list[str] | None = Field(
         None, description="objective terms summed into the logged loss (ΔL, mean loss); None: all")
     before_training: choice(ROUND_HOOKS) | None = Field(None, description="a round hook run before local training")
+    hook_options: dict[str, Any] = Field(default_factory=dict, description="the hook's settings, e.g. "
+                                         "{weighting = \"energy\", top_k = 7} for pseudo_labels")
     pseudo_source: Literal["global", "own"] = Field("global", description="which model a hook labels with")
+    objective: choice(CLIENT_OBJECTIVES) = Field(
+        "task", description="task: the task's loss terms; meta_weighting: pseudo examples weighted by a "
+                            "meta-gradient on the annotated batch (Ren et al. 2018)")
+    personal: PersonalConfig | None = Field(
+        None, description="Ditto: after its federated update, the client trains a personal model of its own, "
+                          "regularised toward the received global model; evaluation uses it")
     persist_optimizer: bool | None = Field(
         None, description="keep optimiser state across rounds; None: yes unless federated")
 
@@ -112,6 +129,21 @@ class ClientConfig(Strict):
             if coef < 0:
                 raise ValueError(f"regularizer {name!r}: coefficient must be ≥ 0")
         return v
+
+    @model_validator(mode="after")
+    def _hook_options(self) -> "ClientConfig":
+        settings = ROUND_HOOKS.entry(self.before_training).settings if self.before_training else None
+        if settings is not None:
+            settings.model_validate(self.hook_options)
+        elif self.hook_options:
+            raise ValueError(f"hook_options: the round hook {self.before_training!r} takes no options"
+                             if self.before_training else "hook_options: set, but there is no before_training hook")
+        return self
+
+    def hook_settings(self):
+        """The validated options of the round hook (None: it has no settings class)."""
+        settings = ROUND_HOOKS.entry(self.before_training).settings if self.before_training else None
+        return settings.model_validate(self.hook_options) if settings is not None else None
 
 
 # Every [client] key may be overridden per silo: the override model is derived, never hand-kept.
@@ -396,7 +428,7 @@ def _key(k: str) -> str:
 
 
 # Sections whose values are free-form tables (written inline, not as [sub.sections]).
-_INLINE = {"regularizers", "upload_options", "options"}
+_INLINE = {"regularizers", "upload_options", "options", "hook_options"}
 
 
 def _dump(d: dict, prefix: str = "") -> str:

@@ -24,7 +24,8 @@ class ClientUpdate:
     """What a client returns after local training: the uploaded tensors' values + its numbers."""
     tensors: Tensors
     n_examples: int
-    stats: dict[str, float] = field(default_factory=dict)  # delta_loss, mean_loss, loss/<term>, metric/<name>
+    stats: dict[str, float] = field(default_factory=dict)  # delta_loss, mean_loss, loss/<term>, metric/<name>,
+    #                                                         personal/<term> (Ditto's personal model)
     steps: int = 0
     losses: list[tuple[int, float]] = field(default_factory=list)
     seconds: float = 0.0
@@ -163,6 +164,9 @@ class Server:
             "params_up": numel(update.tensors), "params_down": self._sent_params.get(client, 0),
             "seconds": update.seconds, "weight": None,
         }
+        personal = {k[9:]: _json_number(v) for k, v in update.stats.items() if k.startswith("personal/")}
+        if personal:  # Ditto: the personal model's own training, beside the federated update
+            entry["personal_terms"] = personal
         delta, reason, clipped_from = self._delta(client, update)
         if reason:
             entry["rejected"] = reason

@@ -26,6 +26,7 @@ class HookContext:
     own: Tensors                      # the client's kept tensors from its previous round (may be empty)
     pseudo_source: str                # "global" or "own": which model `labeler()` loads
     task: Any = None
+    options: Any = None               # the hook's settings (`client.hook_options`, validated)
 
     def labeler(self) -> torch.nn.Module:
         """The working model loaded with the model chosen by `client.pseudo_source`, in eval mode.
@@ -43,3 +44,5 @@ class HookContext:
 
 RoundHook = Callable[[HookContext], Sequence[Any]]
 ROUND_HOOKS: Registry[RoundHook] = Registry("round hook")
+"""An entry may carry a pydantic settings class for `client.hook_options`; a hook function with a
+`task_protocol` attribute (a runtime-checkable Protocol) runs only on tasks that implement it."""

@@ -7,6 +7,7 @@ Ditto / FewFedWeight (the same formula on a model the client keeps). Every term 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -15,6 +16,11 @@ from fedsilo.registry import Registry
 
 Regularizer = Callable[[Mapping[str, torch.Tensor], Tensors, float], torch.Tensor]
 REGULARIZERS: Registry[Regularizer] = Registry("regularizer")
+
+LossFn = Callable[[torch.nn.Module, Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]
+CLIENT_OBJECTIVES: Registry[Callable[[Any, Any], LossFn]] = Registry("client objective")
+"""name → (task, client config) → the loss function of local training (named terms per batch)."""
+CLIENT_OBJECTIVES.add("task", lambda task, cfg: task.loss)
 
 
 def squared_distance(params: Mapping[str, torch.Tensor], anchor: Tensors) -> torch.Tensor:
@@ -48,3 +54,6 @@ def objective_terms(task_terms: Mapping[str, torch.Tensor], params, anchor: Tens
                 raise ValueError(f"regularizer {name!r} has the name of a task loss term")
             terms[name] = REGULARIZERS.get(name)(params, anchor, coef)
     return terms
+
+
+from . import meta as _meta  # noqa: E402,F401  (registers meta_weighting)

@@ -19,6 +19,7 @@ from fedsilo.core.tensors import Tensors
 from fedsilo.server import ClientUpdate
 
 from .hooks import ROUND_HOOKS, HookContext
+from .objective import CLIENT_OBJECTIVES
 from .store import ClientState, ClientStore, optimizer_from_slot, optimizer_to_slot
 from .train import train_local
 
@@ -53,14 +54,14 @@ class SiloClient:
         self.shared_names, self.private_names = plan.split(federated_parameters(model))
         self.initial = initial  # the initial private tensors (one copy shared by all clients)
         self.persist_optimizer = persist_optimizer
+        self.loss_fn = CLIENT_OBJECTIVES.get(cfg.objective)(task, cfg)
 
     def planned_steps(self) -> int:
-        if self.cfg.steps:
-            return self.cfg.steps
         batches = -(-len(self.examples) // self.cfg.batch_size)
         accum = self.cfg.grad_accum
-        per_epoch = 1 if batches <= accum else batches // accum
-        return self.cfg.epochs * per_epoch if accum > 1 else self.cfg.epochs * batches
+        per_epoch = (1 if batches <= accum else batches // accum) if accum > 1 else batches
+        personal = self.cfg.personal.epochs * per_epoch if self.cfg.personal is not None else 0
+        return (self.cfg.steps or self.cfg.epochs * per_epoch) + personal
 
     def _state(self) -> ClientState:
         return self.store.get(self.name) or ClientState()
@@ -75,8 +76,12 @@ class SiloClient:
         return taken
 
     def load_for_eval(self, global_tensors: Tensors) -> None:
-        """The model this silo would train from next: what it would receive and take, over its own."""
+        """The model this silo would train from next: what it would receive and take, over its own;
+        with a personal model (Ditto), that model once it has one."""
         state = self._state()
+        if self.cfg.personal is not None and state.slot("personal"):
+            load_tensors(self.model, state.slot("personal"))
+            return
         names = self.plan.choose_download(self.store.round + 1, self.shared_names, state.meta.get("uploaded"))
         self.start_point({k: global_tensors[k] for k in names}, state)
 
@@ -91,14 +96,14 @@ class SiloClient:
         examples = self.examples
         if self.cfg.before_training:
             ctx = HookContext(self.name, round_idx, run_seed, self.model, self.examples, received,
-                              state.slot("own"), self.cfg.pseudo_source, self.task)
+                              state.slot("own"), self.cfg.pseudo_source, self.task, self.cfg.hook_settings())
             examples = ROUND_HOOKS.get(self.cfg.before_training)(ctx)
             self.start_point(received, state)  # the hook may have loaded another model to label with
         restore = None
         if self.persist_optimizer and state.slot("optimizer"):
             restore = lambda opt: optimizer_from_slot(opt, state.slot("optimizer"), state.meta["optimizer_scalars"])  # noqa: E731
         result, opt = train_local(
-            self.model, examples, self.task.collate, self.task.loss,
+            self.model, examples, self.task.collate, self.loss_fn,
             epochs=self.cfg.epochs, lr=self.cfg.lr, lr_overrides=self._private_lrs(), batch_size=self.cfg.batch_size,
             grad_accum=self.cfg.grad_accum,
             optimizer=self.cfg.optimizer, weight_decay=self.cfg.weight_decay, logging_steps=self.cfg.logging_steps,
@@ -116,9 +121,13 @@ class SiloClient:
                                    self.plan.upload_options)
             upload = self.plan.choose_upload(ctx)
             values = {k: now[k].clone() for k in upload}
-        self._save(state, params, upload, result.steps, opt)
+        slots, meta = self._kept(state, params, upload, result.steps, opt)
         stats = {"delta_loss": result.delta_loss, "mean_loss": result.mean_loss,
                  **{f"loss/{k}": v for k, v in result.terms.items()}}
+        if self.cfg.personal is not None:
+            slots["personal"], personal = self._train_personal(state, received, examples, run_seed, on_step)
+            stats.update({f"personal/{k}": v for k, v in personal.terms.items()})
+        self.store.put(self.name, ClientState(slots, meta))
         # n: the silo's own data (FedAvg's n_k, what it registered), not counting pseudo-labelled extras
         return ClientUpdate(values, len(self.examples), stats, result.steps, result.losses,
                             time.perf_counter() - start)
@@ -127,11 +136,28 @@ class SiloClient:
         rate = self.cfg.private_lr
         return {} if rate is None else dict.fromkeys(self.private_names, rate)
 
-    def _save(self, state: ClientState, params: dict, upload: list[str], steps: int,
-              opt: torch.optim.Optimizer) -> None:
+    def _kept(self, state: ClientState, params: dict, upload: list[str], steps: int,
+              opt: torch.optim.Optimizer) -> tuple[dict, dict]:
+        """The slots and metadata this round leaves in the store."""
         keep = list(params) if self.plan.keeps_everything else self.private_names
         slots = {"own": {k: params[k].detach().clone() for k in keep}} if keep else {}
         meta = {"steps_done": int(state.meta.get("steps_done", 0)) + steps, "uploaded": upload}
         if self.persist_optimizer:
             slots["optimizer"], meta["optimizer_scalars"] = optimizer_to_slot(opt)
-        self.store.put(self.name, ClientState(slots, meta))
+        return slots, meta
+
+    def _train_personal(self, state: ClientState, received: Tensors, examples: Sequence, seed: int,
+                        on_step: Callable[[], None] | None = None):
+        """Ditto's personal model v: from the client's last one (the received global model in its first
+        round), trained on the round's examples with λ/2·‖v − w_global‖² added. Returns (v, result)."""
+        p = self.cfg.personal
+        load_tensors(self.model, received, state.slot("personal"))
+        result, _ = train_local(
+            self.model, examples, self.task.collate, self.loss_fn, epochs=p.epochs, lr=p.lr or self.cfg.lr,
+            batch_size=self.cfg.batch_size, grad_accum=self.cfg.grad_accum, optimizer=self.cfg.optimizer,
+            weight_decay=self.cfg.weight_decay, logging_steps=self.cfg.logging_steps,
+            regularizers={"personal": p.coef}, anchor={k: received[k] for k in received if k in self.shared_names},
+            tracked_terms=self.cfg.tracked_terms, seed=seed + 1, max_grad_norm=self.cfg.max_grad_norm or None,
+            on_step=on_step)
+        params = federated_parameters(self.model)
+        return {k: t.detach().clone() for k, t in params.items()}, result

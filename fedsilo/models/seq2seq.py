@@ -183,3 +183,21 @@ def loss_and_greedy(model, enc, labels: torch.Tensor, max_new_tokens: int) -> tu
     ids = model.generate(attention_mask=enc["attention_mask"], encoder_outputs=encoder_outputs,
                          max_new_tokens=max_new_tokens, num_beams=1, do_sample=False)
     return float(token_loss.double().sum()), int((labels != -100).sum()), ids
+
+
+@torch.no_grad()
+def greedy_with_topk(model, enc, max_new_tokens: int, k: int) -> list[tuple[list[int], torch.Tensor]]:
+    """Greedy outputs and, per generated token, the k largest raw logits of the step that chose it:
+    [(ids up to and including the first EOS, top-k logits [len(ids), k] in float32)]. The logits are
+    the model's own (before any of the checkpoint's generation processors), what an energy score reads."""
+    out = model.generate(**enc, max_new_tokens=max_new_tokens, num_beams=1, do_sample=False,
+                         output_logits=True, return_dict_in_generate=True)
+    top = torch.stack([step.float().topk(min(k, step.size(-1)), dim=-1).values for step in out.logits], 1)
+    generated = out.sequences[:, -len(out.logits):]  # without the decoder start token
+    eos = model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos])
+    result = []
+    for ids, logits in zip(generated.tolist(), top.cpu()):
+        end = next((i + 1 for i, t in enumerate(ids) if t in eos), len(ids))
+        result.append((ids[:end], logits[:end]))
+    return result

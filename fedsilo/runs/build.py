@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from fedsilo.client.hooks import ROUND_HOOKS
 from fedsilo.client.silo import SiloClient, federated_parameters, load_tensors
 from fedsilo.client.store import ClientStore
 from fedsilo.config import RunConfig
@@ -138,8 +139,16 @@ def build_client(cfg: RunConfig, task, model, store: ClientStore, name: str, ind
 
     if not examples:
         raise ConfigError(f"client {name!r} has no training examples")
-    return SiloClient(name, index, examples, task, client_cfg, model, exchange_plan(cfg), store, initial,
-                      persist_optimizer=cfg.persist_optimizer)
+    hook = client_cfg.before_training and ROUND_HOOKS.get(client_cfg.before_training)
+    protocol = getattr(hook, "task_protocol", None)
+    if protocol is not None and not isinstance(task, protocol):
+        raise ConfigError(f"client.before_training = {client_cfg.before_training!r}: the {task.name} task "
+                          f"does not offer it ({protocol.__name__})")
+    try:
+        return SiloClient(name, index, examples, task, client_cfg, model, exchange_plan(cfg), store, initial,
+                          persist_optimizer=cfg.persist_optimizer)
+    except TypeError as err:  # an objective the task cannot serve
+        raise ConfigError(f"client.objective = {client_cfg.objective!r}: {err}") from None
 
 
 def store_root(run_path: Path) -> Path:

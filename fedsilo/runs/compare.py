@@ -1,0 +1,111 @@
+"""Two runs of the same tasks, task by task: the FewFedWeight paper's performance improvement rate.
+
+For each (client, task) row of the test results, with m the run's primary metric (each task its own):
+
+    PIR = (m_new − m_base) / |m_base|
+
+the paper's Eq. 6 wherever m_base > 0 (the absolute value keeps "better" positive for a metric
+that can be negative, MCC); undefined where m_base = 0, and such rows are left out of the means and
+counted. A client's APIR is the mean PIR over its tasks; the run's APIR is the mean over clients (the
+paper: "each client has its own APIR and the APIR averaged over the four clients is reported").
+Win / Lose / Tie count the rows whose metric is above / below / equal to the baseline's (equal:
+within `tie` absolute, 0 by default: few-shot test sets make exact ties common).
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+
+class CompareError(ValueError):
+    """The two runs cannot be compared (different tasks, no test results); the message says why."""
+
+
+def _metric_rows(results: Mapping[str, Any], where: str) -> tuple[dict[tuple[str, str], float | None], str, bool]:
+    test = results.get("test") or {}
+    spec = results.get("metric_spec") or {}
+    primary, higher = spec.get("primary"), spec.get("higher_is_better", True)
+    if not test.get("rows") or not primary:
+        raise CompareError(f"{where}: no test results (a finished run's results.json)")
+    return {(r["client"], r["task"]): (r.get("metrics") or {}).get(primary) for r in test["rows"]}, primary, higher
+
+
+def pir(new: float, base: float) -> float | None:
+    return None if base == 0 else (new - base) / abs(base)
+
+
+def compare(results: Mapping[str, Any], baseline: Mapping[str, Any], tie: float = 0.0,
+            where: tuple[str, str] = ("run", "baseline")) -> dict:
+    """{rows: [{client, task, new, base, pir, outcome}], clients: {client: apir}, apir, win, lose,
+    tie, undefined} for two runs' test results over the same (client, task) rows."""
+    new, primary, higher = _metric_rows(results, where[0])
+    base, base_primary, _ = _metric_rows(baseline, where[1])
+    if primary != base_primary:
+        raise CompareError(f"{where[0]} is scored by {primary!r}, {where[1]} by {base_primary!r}")
+    if set(new) != set(base):
+        missing = sorted(set(base) ^ set(new))[0]
+        side = where[0] if missing not in new else where[1]
+        raise CompareError(f"the runs hold different tasks: {side} has no row for client {missing[0]!r}, "
+                           f"task {missing[1]!r}")
+    sign = 1.0 if higher else -1.0
+    rows, counts = [], {"win": 0, "lose": 0, "tie": 0, "undefined": 0}
+    for key in base:
+        m_new, m_base = new[key], base[key]
+        if m_new is None or m_base is None or math.isnan(m_new) or math.isnan(m_base):
+            raise CompareError(f"client {key[0]!r}, task {key[1]!r}: no {primary} value in one of the runs")
+        diff = sign * (m_new - m_base)
+        outcome = "tie" if abs(diff) <= tie else ("win" if diff > 0 else "lose")
+        rate = pir(m_new, m_base)
+        rate = None if rate is None else sign * rate
+        counts[outcome] += 1
+        counts["undefined"] += rate is None
+        rows.append({"client": key[0], "task": key[1], "new": m_new, "base": m_base, "pir": rate, "outcome": outcome})
+    per_client: dict[str, list[float]] = {}
+    for r in rows:
+        per_client.setdefault(r["client"], [])
+        if r["pir"] is not None:
+            per_client[r["client"]].append(r["pir"])
+    clients = {c: (sum(v) / len(v) if v else None) for c, v in per_client.items()}
+    defined = [v for v in clients.values() if v is not None]
+    return {"metric": primary, "rows": rows, "clients": clients,
+            "apir": sum(defined) / len(defined) if defined else None, **counts}
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:+.1f}%"
+
+
+def to_markdown(summary: Mapping[str, Any], name: str, baseline_name: str) -> str:
+    lines = [f"# {name} vs {baseline_name}", "",
+             f"APIR {_pct(summary['apir'])} · Win {summary['win']} / Lose {summary['lose']} / Tie {summary['tie']}"
+             + (f" · PIR undefined (baseline 0) for {summary['undefined']} task(s)" if summary["undefined"] else ""),
+             "", "| client | APIR |", "| --- | ---: |"]
+    lines += [f"| {c} | {_pct(v)} |" for c, v in summary["clients"].items()]
+    lines += ["", f"| client | task | {baseline_name} | {name} | PIR | |", "| --- | --- | ---: | ---: | ---: | --- |"]
+    lines += [f"| {r['client']} | {r['task']} | {r['base']:.2f} | {r['new']:.2f} | {_pct(r['pir'])} | {r['outcome']} |"
+              for r in summary["rows"]]
+    return "\n".join(lines) + "\n"
+
+
+def compare_runs(run: Path, baseline: Path, tie: float = 0.0) -> tuple[dict, Path]:
+    """Compare two run directories; writes RUN/compare-<baseline>.{md,json}. Returns (summary, md path)."""
+    run, baseline = Path(run), Path(baseline)
+    summary = compare(_read(run), _read(baseline), tie, (str(run), str(baseline)))
+    stem = run / f"compare-{baseline.name or 'baseline'}"
+    md = stem.with_suffix(".md")
+    md.write_text(to_markdown(summary, run.name, baseline.name))
+    stem.with_suffix(".json").write_text(json.dumps({"baseline": str(baseline), **summary}, indent=1))
+    return summary, md
+
+
+def _read(path: Path) -> dict:
+    file = path / "results.json"
+    if not file.is_file():
+        raise CompareError(f"{path}: no results.json (not a finished run directory)")
+    try:
+        return json.loads(file.read_text())
+    except (OSError, ValueError) as err:
+        raise CompareError(f"{file}: cannot read it ({err})") from None

@@ -1,0 +1,125 @@
+"""The multitask clients' data: which tasks each client holds, and each task's few-shot splits.
+
+Tasks are dealt to clients at random with a seed (the paper: "randomly selected and diversified",
+as evenly as possible), or as the paper's Table 5 assigned them (`assignment = "paper"`, keeping
+the tasks converted here). Few-shot splits are drawn once per (task, seeds, k) and cached by the
+content of the source files (`fedsilo.tasks.prepared`).
+"""
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+from fedsilo.datafetch import DataError, require_files, warn_if_unpinned
+from fedsilo.tasks.prepared import cache_path, package_version, read_cache, write_cache
+
+from .catalog import CATALOG, Record, TaskInfo
+from .converters import load_all
+from .fewshot import FewShot, sample_seeds
+
+load_all()  # fills the catalogue
+
+PREPARATION = "fewshot-v1"  # bump when sampling or a converter changes what it returns
+SPLITS = ("train", "dev", "test")
+
+# The FewFedWeight paper's Table 5 (CrossFit names; aeslc is listed for clients 1 and 4, and kept
+# for client 1 here, where it is listed first).
+PAPER_CLIENTS: tuple[tuple[str, ...], ...] = (
+    ("blimp-determiner_noun_agreement_with_adj_irregular_1", "aeslc", "glue-mrpc", "math_qa", "quarel",
+     "kilt_ay2", "tweet_eval-stance_atheism", "lama-squad", "tab_fact", "aqua_rat", "tweet_eval-emoji",
+     "glue-wnli", "codah", "spider", "tweet_eval-offensive", "wiki_qa", "blimp-ellipsis_n_bar_1", "openbookqa",
+     "sms_spam", "acronym_identification", "ethos-national_origin", "definite_pronoun_resolution", "hellaswag",
+     "superglue-wsc", "numer_sense", "ade_corpus_v2-dosage", "blimp-ellipsis_n_bar_2", "squad-no_context",
+     "e2e_nlg_cleaned"),
+    ("google_wellformed_query", "xsum", "wiqa", "qa_srl", "tweet_eval-stance_abortion", "ade_corpus_v2-effect",
+     "sick", "ethos-religion", "commonsense_qa", "jeopardy", "biomrc", "superglue-multirc", "ethos-race",
+     "eli5-askh", "glue-qqp", "paws", "ethos-directed_vs_generalized", "glue-sst2", "mocha", "tweet_eval-hate",
+     "glue-rte", "hate_speech_offensive", "blimp-anaphor_number_agreement", "lama-conceptnet", "superglue-wic",
+     "boolq", "kilt_hotpotqa", "aslg_pc12", "quartz-no_knowledge"),
+    ("tweet_eval-stance_climate", "tweet_eval-sentiment", "qasc", "medical_questions_pairs",
+     "break-QDMR-high-level", "imdb", "glue-mnli", "ethos-gender", "trec-finegrained", "crows_pairs",
+     "adversarialqa", "onestop_english", "duorc", "web_questions", "yelp_review_full", "swag", "proto_qa",
+     "scitail", "tweet_eval-stance_feminist", "limit", "common_gen", "scicite",
+     "blimp-irregular_past_participle_adjectives", "social_i_qa", "anli", "kilt_zsre", "cosmos_qa",
+     "superglue-record", "squad-with_context"),
+    ("emotion", "blimp-existential_there_quantifiers_1", "sciq", "race-middle", "kilt_wow", "wino_grande",
+     "rotten_tomatoes", "superglue-cb", "poem_sentiment", "ropes", "piqa", "quail", "climate_fever",
+     "lama-google_re", "search_qa", "wiki_auto", "mc_taco", "blimp-wh_questions_object_gap", "hotpot_qa", "emo",
+     "kilt_nq", "kilt_trex", "quartz-with_knowledge", "dbpedia_14", "yahoo_answers_topics", "app_reviews",
+     "superglue-copa", "blimp-anaphor_gender_agreement", "hate_speech18", "gigaword"),
+)
+
+
+def client_name(i: int) -> str:
+    return f"client_{i + 1}"
+
+
+def paper_tasks() -> list[str]:
+    """The catalogue's tasks that are among the paper's, in catalogue order."""
+    return [name for name in CATALOG if CATALOG.get(name).in_paper]
+
+
+def assign(tasks: Sequence[str], clients: int, seed: int, tasks_per_client: int | None = None,
+           mode: str = "random") -> dict[str, list[str]]:
+    """client name → its tasks. `random`: shuffle with `seed`, keep `clients × tasks_per_client` if
+    given, deal round-robin (sizes differ by at most one). `paper`: Table 5's clients, restricted to
+    `tasks` (and to `tasks_per_client` each, in Table 5's order)."""
+    if mode == "paper":
+        if clients != len(PAPER_CLIENTS):
+            raise ValueError(f"assignment 'paper' has {len(PAPER_CLIENTS)} clients, not {clients}")
+        wanted = set(tasks)
+        out = {client_name(i): [t for t in listed if t in wanted][:tasks_per_client]
+               for i, listed in enumerate(PAPER_CLIENTS)}
+    else:
+        order = list(tasks)
+        random.Random(seed).shuffle(order)
+        if tasks_per_client is not None:
+            need = clients * tasks_per_client
+            if need > len(order):
+                raise ValueError(f"{clients} clients × {tasks_per_client} tasks need {need} tasks; "
+                                 f"{len(order)} are selected")
+            order = order[:need]
+        out = {client_name(i): order[i::clients] for i in range(clients)}
+    empty = [c for c, ts in out.items() if not ts]
+    if empty:
+        raise ValueError(f"{empty[0]} gets no task: {len(tasks)} tasks for {clients} clients")
+    return out
+
+
+def task_files(names: Sequence[str]) -> list[str]:
+    return list(dict.fromkeys(f for name in names for f in CATALOG.get(name).files))
+
+
+def verify_data_dir(names: Sequence[str], data_dir: Path) -> None:
+    require_files("multitask", data_dir, task_files(names))
+    warn_if_unpinned("multitask", data_dir, task_files(names))
+
+
+def load_fewshot(root: Path, name: str, seeds: Sequence[int], k_per_class: int, k_total: int) -> FewShot:
+    """One task's few-shot splits (cached)."""
+    info = CATALOG.get(name)
+    k = k_per_class if info.per_class else k_total
+    files = [Path(root) / f for f in info.files]
+    path = cache_path("multitask", name, files,
+                      [PREPARATION, f"seeds={list(seeds)}", f"k={k}", package_version("numpy")])
+    cached = read_cache(path)
+    if _well_formed(cached):
+        return FewShot(*([Record(r[0], tuple(r[1])) for r in cached[s]] for s in SPLITS))
+    shots = sample_seeds(info.convert(Path(root)), info.per_class, k, seeds)
+    _check(info, shots, root)
+    write_cache(path, {s: [[r.input, list(r.outputs)] for r in getattr(shots, s)] for s in SPLITS})
+    return shots
+
+
+def _well_formed(payload) -> bool:
+    return (isinstance(payload, dict) and all(isinstance(payload.get(s), list) for s in SPLITS)
+            and all(isinstance(r, list) and len(r) == 2 and isinstance(r[0], str) and isinstance(r[1], list)
+                    for s in SPLITS for r in payload[s]))
+
+
+def _check(info: TaskInfo, shots: FewShot, root: Path) -> None:
+    empty = [s for s in SPLITS if not getattr(shots, s)]
+    if empty:
+        raise DataError(f"multitask task {info.name}: no {' / '.join(empty)} examples from "
+                        f"{', '.join(str(Path(root) / f) for f in info.files)}")
