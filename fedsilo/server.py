@@ -25,7 +25,7 @@ class ClientUpdate:
     tensors: Tensors
     n_examples: int
     stats: dict[str, float] = field(default_factory=dict)  # delta_loss, mean_loss, loss/<term>, metric/<name>,
-    #                                                         personal/<term> (Ditto's personal model)
+    #                                                         personal/<term> (Ditto's personal model), seconds/<phase>
     steps: int = 0
     losses: list[tuple[int, float]] = field(default_factory=list)
     seconds: float = 0.0
@@ -167,6 +167,9 @@ class Server:
         personal = {k[9:]: _json_number(v) for k, v in update.stats.items() if k.startswith("personal/")}
         if personal:  # Ditto: the personal model's own training, beside the federated update
             entry["personal_terms"] = personal
+        phases = {k[8:]: _json_number(v) for k, v in update.stats.items() if k.startswith("seconds/")}
+        if phases:  # where the client's seconds went: before_training (e.g. pseudo labels), training, personal
+            entry["phase_seconds"] = phases
         delta, reason, clipped_from = self._delta(client, update)
         if reason:
             entry["rejected"] = reason

@@ -242,4 +242,19 @@ def test_fewfedweight_on_flower_simulation_matches_in_process(data, tmp_path, mo
     ra = json.loads((local / "results.json").read_text())["test"]["rows"]
     rb = json.loads((sim / "results.json").read_text())["test"]["rows"]
     assert [(r["client"], r["task"]) for r in ra] == [(r["client"], r["task"]) for r in rb]
-    assert not list((sim).glob("clients/*/*.safetensors")) or True  # the silo's store lives with the silo
+    # the personal models live in each silo's own store (the SuperNode's state folder), not in the
+    # server's run directory, and equal the in-process run's
+    assert list(local.glob("clients/client_1/round-*.safetensors"))
+    assert not list(sim.glob("clients/**/*.safetensors"))
+    import tempfile
+    run_key = (sim / "run_id").read_text().strip()
+    rounds = mtoy.config(data)["federation"]["rounds"]
+    for silo in ("client_1", "client_2"):
+        kept = DiskStore(local / "clients")
+        kept.set_round(rounds)
+        remote = DiskStore(Path(tempfile.gettempdir()) / "fedsilo-flower-state" / silo / run_key)
+        remote.set_round(rounds)
+        mine, theirs = kept.get(silo).slot("own"), remote.get(silo).slot("own")
+        assert mine.keys() == theirs.keys() and mine
+        for k in mine:
+            torch.testing.assert_close(theirs[k], mine[k], rtol=1e-5, atol=1e-6)

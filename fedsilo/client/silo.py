@@ -94,11 +94,13 @@ class SiloClient:
         self.start_point(received, state)
         run_seed = client_seed(seed, round_idx, self.index)
         examples = self.examples
+        phases = {}  # seconds per phase of the round (the FewFedWeight paper's Table 4: generating vs training)
         if self.cfg.before_training:
             ctx = HookContext(self.name, round_idx, run_seed, self.model, self.examples, received,
                               state.slot("own"), self.cfg.pseudo_source, self.task, self.cfg.hook_settings())
             examples = ROUND_HOOKS.get(self.cfg.before_training)(ctx)
             self.start_point(received, state)  # the hook may have loaded another model to label with
+            phases["before_training"] = time.perf_counter() - start
         restore = None
         if self.persist_optimizer and state.slot("optimizer"):
             restore = lambda opt: optimizer_from_slot(opt, state.slot("optimizer"), state.meta["optimizer_scalars"])  # noqa: E731
@@ -112,6 +114,7 @@ class SiloClient:
             max_grad_norm=self.cfg.max_grad_norm or None, optimizer_state=restore, on_step=on_step,
             max_steps=self.cfg.steps,
         )
+        phases["training"] = time.perf_counter() - start - sum(phases.values())
         params = federated_parameters(self.model)
         with torch.no_grad():
             now = {k: params[k].detach() for k in self.shared_names}
@@ -125,8 +128,11 @@ class SiloClient:
         stats = {"delta_loss": result.delta_loss, "mean_loss": result.mean_loss,
                  **{f"loss/{k}": v for k, v in result.terms.items()}}
         if self.cfg.personal is not None:
+            began = time.perf_counter()
             slots["personal"], personal = self._train_personal(state, received, examples, run_seed, on_step)
             stats.update({f"personal/{k}": v for k, v in personal.terms.items()})
+            phases["personal"] = time.perf_counter() - began
+        stats.update({f"seconds/{k}": v for k, v in phases.items()})
         self.store.put(self.name, ClientState(slots, meta))
         # n: the silo's own data (FedAvg's n_k, what it registered), not counting pseudo-labelled extras
         return ClientUpdate(values, len(self.examples), stats, result.steps, result.losses,

@@ -93,7 +93,7 @@ def to_markdown(summary: Mapping[str, Any], name: str, baseline_name: str) -> st
 def compare_runs(run: Path, baseline: Path, tie: float = 0.0) -> tuple[dict, Path]:
     """Compare two run directories; writes RUN/compare-<baseline>.{md,json}. Returns (summary, md path)."""
     run, baseline = Path(run), Path(baseline)
-    summary = compare(_read(run), _read(baseline), tie, (str(run), str(baseline)))
+    summary = compare(read_results(run), read_results(baseline), tie, (str(run), str(baseline)))
     stem = run / f"compare-{baseline.name or 'baseline'}"
     md = stem.with_suffix(".md")
     md.write_text(to_markdown(summary, run.name, baseline.name))
@@ -101,7 +101,8 @@ def compare_runs(run: Path, baseline: Path, tie: float = 0.0) -> tuple[dict, Pat
     return summary, md
 
 
-def _read(path: Path) -> dict:
+def read_results(path: Path) -> dict:
+    """A finished run directory's results.json (CompareError naming the file otherwise)."""
     file = path / "results.json"
     if not file.is_file():
         raise CompareError(f"{path}: no results.json (not a finished run directory)")
