@@ -50,6 +50,11 @@ class TaskInfo:
     convert: Callable[[Path], Pools] = field(repr=False)
     in_paper: bool = True          # among the FewFedWeight paper's 117 tasks (its Table 5)
 
+    @property
+    def module(self) -> str:
+        """The module that defines the converter (through a functools.partial too)."""
+        return getattr(self.convert, "func", self.convert).__module__
+
 
 # The FewFedWeight paper's Table 5 (CrossFit names; aeslc is listed for clients 1 and 4, and kept
 # for client 1 here, where it is listed first).
