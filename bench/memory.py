@@ -8,7 +8,11 @@ per-client model copy impossible to miss. The same model, rounds and per-silo da
 and only regularises toward the global one, as FewFedWeight/Ditto clients do). With the disk client
 store RAM must still hold one model; the memory store is measured beside it for contrast.
 
-    python bench/memory.py [--d-model 512] [--layers 4] [--personal]
+`--fewfedweight`: the multitask task with FewFedWeight (pseudo labels from the global model, energy
+token weights, a personal model per client in the disk store, loss-proportional aggregation) on the
+default `minilm2bert` model, 8 clients with one real CrossFit task each vs one client alone.
+
+    python bench/memory.py [--d-model 512] [--layers 4] [--personal | --fewfedweight]
 """
 from __future__ import annotations
 
@@ -20,6 +24,29 @@ import sys
 import tempfile
 
 SILOS = ["advising", "atis", "geography", "restaurants", "scholar", "academic", "imdb", "yelp"]
+MT_TASKS = ["glue-sst2", "superglue-cb", "tweet_eval-hate", "medical_questions_pairs", "codah", "numer_sense",
+            "aeslc", "crows_pairs"]
+MT_CLIENTS = [f"client_{i + 1}" for i in range(len(MT_TASKS))]
+
+
+def fewfedweight_child(silos: list[str]) -> None:
+    """FewFedWeight on 8 one-task clients (or a subset of them), 2 rounds, in this process."""
+    from fedsilo.config import validate
+    from fedsilo.runs.runner import run_experiment
+
+    cfg = validate({
+        "task": {"name": "multitask", "tasks": MT_TASKS, "clients": len(MT_TASKS), "silos": silos,
+                 "k_per_class": 8, "k_total": 16, "max_source_length": 96, "max_target_length": 24},
+        "model": {"kind": "seq2seq", "name": "minilm2bert", "num_decoder_layers": 2, "d_ff": 768},
+        "client": {"optimizer": "adamw", "lr": 1e-4, "batch_size": 8, "epochs": 1,
+                   "before_training": "pseudo_labels", "regularizers": {"personal": 0.01},
+                   "tracked_terms": ["annotated", "pseudo"]},
+        "exchange": {"overwrite": "none"}, "engine": {"store": "disk"},
+        "federation": {"rounds": 2, "weighting": "loss"},
+    })
+    with tempfile.TemporaryDirectory() as out:
+        run_experiment(cfg, out, show_progress=False)
+    print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 
 def child(silos: list[str], d_model: int, layers: int, weighting: str, server: str, personal: str) -> None:
@@ -44,6 +71,8 @@ def measure(silos: list[str], args, store: str = "") -> float:
     cmd = [sys.executable, __file__, "--child", ",".join(silos), "--d-model", str(args.d_model),
            "--layers", str(args.layers), "--weighting", args.weighting, "--server", args.server,
            "--store", store]
+    if args.fewfedweight:
+        cmd = [sys.executable, __file__, "--child", ",".join(silos), "--fewfedweight"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])["peak_rss_mb"]
 
@@ -56,8 +85,18 @@ def main() -> None:
     ap.add_argument("--weighting", default="lorar")
     ap.add_argument("--server", default="adam", help="adam keeps two moment tensors: the worst case")
     ap.add_argument("--personal", action="store_true", help="clients keep personal models (disk vs memory store)")
+    ap.add_argument("--fewfedweight", action="store_true",
+                    help="multitask FewFedWeight, 8 one-task clients with personal models (disk store) vs one")
     ap.add_argument("--store", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child and args.fewfedweight:
+        fewfedweight_child(args.child.split(","))
+        return
+    if args.fewfedweight:
+        one, eight = measure(MT_CLIENTS[:1], args), measure(MT_CLIENTS, args)
+        print(f"FewFedWeight, minilm2bert, disk store: peak RSS one client {one:.0f} MiB, eight clients "
+              f"{eight:.0f} MiB, ratio {eight / one:.3f} (target <= 1.3)")
+        return
     if args.child:
         child(args.child.split(","), args.d_model, args.layers, args.weighting, args.server, args.store)
         return
