@@ -157,6 +157,43 @@ def test_meta_weights_by_hand_on_a_linear_model():
     assert torch.equal(model.weight.detach()[0], theta)  # the model itself is not moved
 
 
+def test_meta_weights_equal_one_backward_pass_per_pseudo_example_through_attention():
+    """The double-backward dot products against b separate backward passes, on a small BERT
+    encoder-decoder (scaled-dot-product attention, eval mode: the fused kernel unless the math one is
+    asked for), with mixed signs so the clamp matters."""
+    from transformers import BertConfig, BertLMHeadModel, BertModel, EncoderDecoderModel
+
+    from fedsilo.client.meta import math_attention
+
+    torch.manual_seed(0)
+    small = dict(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    model = EncoderDecoderModel(encoder=BertModel(BertConfig(**small), add_pooling_layer=False),
+                                decoder=BertLMHeadModel(BertConfig(**small, is_decoder=True, add_cross_attention=True)))
+    model.config.decoder_start_token_id, model.config.pad_token_id = 1, 0
+    model.eval()
+    src, tgt = torch.randint(2, 50, (6, 7)), torch.randint(2, 50, (6, 4))
+
+    def rows(forward, s, t):
+        logits = forward(input_ids=s, labels=t).logits
+        return torch.nn.functional.cross_entropy(logits.transpose(1, 2), t, reduction="none").mean(1)
+
+    alpha = 0.5
+    with math_attention():
+        pseudo = rows(model, src[:4], tgt[:4])
+        w = meta_weights(model, pseudo, lambda fwd: rows(fwd, src[4:], tgt[4:]).mean(), alpha)
+    params = [p for p in model.parameters() if p.requires_grad]
+    pseudo = rows(model, src[:4], tgt[:4])
+    step = torch.autograd.grad(pseudo.sum(), params, retain_graph=True)
+    ahead = {n: (p.detach() - alpha * g).requires_grad_() for (n, p), g in zip(model.named_parameters(), step)}
+    at_ahead = rows(lambda **inputs: torch.func.functional_call(model, ahead, (), inputs), src[4:], tgt[4:]).mean()
+    outer = torch.autograd.grad(at_ahead, list(ahead.values()))
+    dots = torch.stack([sum((a * b).sum() for a, b in zip(outer, torch.autograd.grad(pseudo[j], params, retain_graph=True)))
+                        for j in range(4)])
+    raw = torch.clamp(alpha * dots, min=0)
+    assert (dots > 0).any() and (dots < 0).any()
+    torch.testing.assert_close(w, raw / raw.sum(), rtol=1e-4, atol=1e-6)
+
+
 def test_meta_weighting_baseline_runs_and_logs_its_pseudo_term(data, tmp_path):
     run(data, tmp_path / "meta", **fewfedweight(client={"objective": "meta_weighting",
                                                           "hook_options": {"weighting": "uniform"}}))

@@ -13,8 +13,11 @@ Per batch of b inputs with their annotated labels y_j (batch B) and pseudo label
 4. the step's loss: mean annotated loss + Σ_j w_j·l̂_j (weights detached).
 
 The paper's text puts ε on the annotated losses, which would make every weight 0 (∂/∂ε_j of
-Σ ε_j l_j is l_j ≥ 0); we follow Ren et al., whom it cites. The cost is b + 2 extra backward passes
-per step.
+Σ ε_j l_j is l_j ≥ 0); we follow Ren et al., whom it cites. All b dot products come from one
+double backward (Ren et al.'s own trick): u(ε) = Σ_j ε_j ∇l̂_j(θ) is built with its graph, and
+∂⟨u, ∇L_B(θ')⟩/∂ε_j = ⟨∇l̂_j, ∇L_B(θ')⟩, so a step costs about three backward passes more than
+plain training, whatever b, instead of b + 2.
+Attention then runs on PyTorch's math kernel: the fused kernels have no second derivative.
 """
 from __future__ import annotations
 
@@ -37,25 +40,30 @@ class SequenceLosses(Protocol):
 
 
 def meta_weights(model: torch.nn.Module, pseudo: torch.Tensor, annotated_loss, alpha: float) -> torch.Tensor:
-    """w [p] from the pseudo losses l̂_j(θ) (a graph over the model's parameters) and
-    `annotated_loss(forward)`, the annotated loss computed with `forward` in place of the model.
-    The look-ahead runs through `torch.func.functional_call`, so the model's own tensors (and the
-    graph of this step, which still needs them) are never modified."""
+    """w [p] from the pseudo losses l̂_j(θ) (a graph over the model's parameters, built on the math
+    attention kernel: see `math_attention`) and `annotated_loss(forward)`, the annotated loss
+    computed with `forward` in place of the model. The look-ahead runs through
+    `torch.func.functional_call`, so the model's own tensors (and the graph of this step, which still
+    needs them) are never modified."""
     named = {n: p for n, p in model.named_parameters() if p.requires_grad}
     params = list(named.values())
-    grads = torch.autograd.grad(pseudo.sum(), params, retain_graph=True, allow_unused=True)
-    ahead = {n: (p.detach() - alpha * g if g is not None else p.detach()).requires_grad_()
+    eps = torch.ones_like(pseudo, requires_grad=True)
+    grads = torch.autograd.grad(pseudo, params, grad_outputs=eps, create_graph=True, allow_unused=True)
+    ahead = {n: (p.detach() - alpha * g.detach() if g is not None else p.detach()).requires_grad_()
              for (n, p), g in zip(named.items(), grads)}
     loss_ahead = annotated_loss(lambda **inputs: torch.func.functional_call(model, ahead, (), inputs))
     outer = torch.autograd.grad(loss_ahead, list(ahead.values()), allow_unused=True)
-    dots = []
-    for j in range(pseudo.numel()):
-        g_j = torch.autograd.grad(pseudo[j], params, retain_graph=True, allow_unused=True)
-        dots.append(sum(float((a.double() * b.double()).sum()) for a, b in zip(outer, g_j)
-                        if a is not None and b is not None))
-    raw = torch.clamp(alpha * torch.tensor(dots, dtype=torch.float64), min=0)
+    inner = sum((g * o).sum() for g, o in zip(grads, outer) if g is not None and o is not None)
+    dots, = torch.autograd.grad(inner, eps)
+    raw = torch.clamp(alpha * dots.detach().double(), min=0)
     total = raw.sum()
     return (raw / total if total > 0 else raw).to(pseudo.dtype)
+
+
+def math_attention():
+    """Scaled-dot-product attention on the math kernel, whose backward can be differentiated again."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([SDPBackend.MATH])
 
 
 def meta_weighting(task: Any, cfg: Any) -> LossFn:
@@ -63,12 +71,13 @@ def meta_weighting(task: Any, cfg: Any) -> LossFn:
         raise TypeError(f"task {getattr(task, 'name', task)!r} has no per-sequence losses for meta weighting")
 
     def loss(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        annotated, pseudo = task.sequence_losses(model, batch)
-        terms = {"annotated": annotated.mean()}
-        if pseudo.numel():
-            only = task.annotated_only(batch)
-            w = meta_weights(model, pseudo, lambda forward: task.sequence_losses(forward, only)[0].mean(), cfg.lr)
-            terms["pseudo"] = (w.detach() * pseudo).sum()
+        with math_attention():
+            annotated, pseudo = task.sequence_losses(model, batch)
+            terms = {"annotated": annotated.mean()}
+            if pseudo.numel():
+                only = task.annotated_only(batch)
+                w = meta_weights(model, pseudo, lambda forward: task.sequence_losses(forward, only)[0].mean(), cfg.lr)
+                terms["pseudo"] = (w.detach() * pseudo).sum()
         return terms
     return loss
 
