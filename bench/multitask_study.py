@@ -7,7 +7,8 @@ Table 1 (methods), Table 2 (ablations), Table 4 (seconds per local epoch of one 
 pseudo-label generation and training) and the paper's claims checked. Finished variants are skipped
 on a re-run, so an interrupted study continues.
 
-    python bench/multitask_study.py --out runs/multitask-study --doc docs/multitask-study.md [--only fedavg,fewfedweight]
+    python bench/multitask_study.py --out runs/multitask-study --doc docs/multitask-study.md [--jobs 2] [--more-samples 13]
+                                    [--only fedavg,fewfedweight]
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from datetime import date
 from pathlib import Path
 
@@ -30,13 +32,16 @@ from fedsilo.runs.report import markdown_table, read_rounds
 ROOT = Path(__file__).resolve().parents[1]
 STUDY = ROOT / "experiments" / "multitask" / "study.toml"
 BASE = "data_silo"
+NOISE = "data_silo_seed1"
+SAMPLED = ["data_silo", "data_silo_da", "fedavg", "ditto", "fewfedweight"]  # re-run on --more-samples
 TABLE1 = ["data_silo_da", "fedavg", "ditto", "meta_weighting", "fewfedweight", "centralized"]
 TABLE2 = ["fedavg_da", "ffw_no_pseudo", "ffw_uniform", "ffw_size", "fewfedweight"]
 LABELS = {"data_silo": "Data Silo", "data_silo_da": "Data Silo DA", "fedavg": "FedAvg", "ditto": "Ditto",
           "meta_weighting": "Meta Weighting", "fewfedweight": "FewFedWeight", "centralized": "Centralized",
           "fedavg_da": "FedAvg + data augmentation (uniform weights, size aggregation)",
           "ffw_no_pseudo": "FewFedWeight without pseudo data", "ffw_uniform": "FewFedWeight without energy weights",
-          "ffw_size": "FewFedWeight without dynamic aggregation"}
+          "ffw_size": "FewFedWeight without dynamic aggregation", "data_silo_seed1": "Data Silo, another seed"}
+READING = "## Reading"
 MEASURE = """
 import resource, sys
 from fedsilo.cli import main
@@ -46,18 +51,22 @@ sys.exit(code)
 """
 
 
-def run_variant(variant: str, out: Path, study: Path) -> None:
-    """One variant in a fresh process; its peak RSS goes to OUT/VARIANT/peak_rss.json."""
+def run_variant(variant: str, out: Path, study: Path, threads: int, assignments: tuple[str, ...] = ()) -> str | None:
+    """One variant in a fresh process with `threads` torch threads; its peak RSS goes to
+    OUT/VARIANT/peak_rss.json. Returns the failure's output, None on success."""
     if (out / variant / "results.json").is_file():
-        return
-    print(f"running {variant} ...", flush=True)
+        return None
+    print(f"running {variant} {' '.join(assignments)}...", flush=True)
+    sets = [a for item in assignments for a in ("--set", item)]
     done = subprocess.run([sys.executable, "-c", MEASURE, "study", str(study), "--only", variant, "--out", str(out),
-                           "--no-progress"], capture_output=True, text=True,
-                          env={**os.environ, "FLWR_TELEMETRY_ENABLED": "0"})
+                           "--no-progress", *sets], capture_output=True, text=True,
+                          env={**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "OMP_NUM_THREADS": str(threads)})
     if done.returncode:
-        sys.exit(f"{variant} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        return f"{variant} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     rss = next(int(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("PEAK_RSS_KB"))
-    (out / variant / "peak_rss.json").write_text(json.dumps({"peak_rss_gib": rss / 2**20}))
+    (out / variant / "peak_rss.json").write_text(json.dumps({"peak_rss_gib": rss / 2**20, "threads": threads}))
+    print(f"finished {variant}", flush=True)
+    return None
 
 
 def epoch_seconds(run: Path, epochs: int) -> dict[str, float]:
@@ -75,16 +84,65 @@ def epoch_seconds(run: Path, epochs: int) -> dict[str, float]:
     return {phase: statistics.median(v) for phase, v in phases.items()}
 
 
-def summary_rows(out: Path, names: list[str]) -> list[list[str]]:
+def on_loss(results: dict) -> dict:
+    """The same results scored by test loss (lower is better): a graded signal where few-shot task
+    metrics sit at chance."""
+    return {**results, "metric_spec": {**results["metric_spec"], "primary": "loss", "higher_is_better": False}}
+
+
+def pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:+.1f}%"
+
+
+def summaries(out: Path, names: list[str]) -> dict[str, tuple[dict, dict]]:
+    """{variant: (comparison on the task metrics, comparison on test loss)} against Data Silo."""
     base = read_results(out / BASE)
-    rows = [["method", "APIR", "Win", "Lose", "Tie", "APIR per client"]]
+    return {n: (compare(read_results(out / n), base), compare(on_loss(read_results(out / n)), on_loss(base)))
+            for n in names}
+
+
+def summary_rows(found: dict[str, tuple[dict, dict]], names: list[str]) -> list[list[str]]:
+    rows = [["method", "APIR", "Win", "Lose", "Tie", "PIR undefined", "APIR per client", "test-loss APIR"]]
     for name in names:
-        s = compare(read_results(out / name), base)
-        per_client = ", ".join(f"{c.replace('client_', 'c')} {100 * v:+.1f}%" for c, v in s["clients"].items()
-                               if v is not None)
-        rows.append([LABELS.get(name, name), f"{100 * s['apir']:+.1f}%" if s["apir"] is not None else "—",
-                     str(s["win"]), str(s["lose"]), str(s["tie"]), per_client])
+        s, loss = found[name]
+        per_client = ", ".join(f"{c.replace('client_', 'c')} {pct(v)}" for c, v in s["clients"].items())
+        rows.append([LABELS.get(name, name), pct(s["apir"]), str(s["win"]), str(s["lose"]), str(s["tie"]),
+                     str(s["undefined"]), per_client, pct(loss["apir"])])
     return rows
+
+
+def samples_section(out: Path, base_seed: list[int], seeds: list[int]) -> list[str]:
+    """APIR of the main methods on each few-shot sample (the study's own, then each re-run)."""
+    if not seeds:
+        return []
+    dirs = [(f"sample {base_seed}", out)] + [(f"sample [{s}]", out / f"sample-{s}") for s in seeds]
+    found = [summaries(d, SAMPLED[1:]) for _, d in dirs]
+    rows = [["method", *(f"{label}: APIR / W-L-T / test-loss APIR" for label, _ in dirs)]]
+    for name in SAMPLED[1:]:
+        rows.append([LABELS[name], *(f"{pct(f[name][0]['apir'])} / {f[name][0]['win']}-{f[name][0]['lose']}-"
+                                     f"{f[name][0]['tie']} / {pct(f[name][1]['apir'])}" for f in found)])
+    return ["## Another few-shot sample (the same tasks, clients and settings)", markdown_table(rows)]
+
+
+def claims(found: dict[str, tuple[dict, dict]]) -> list[str]:
+    """The paper's claims, each checked on both signals, next to what a re-seeded Data Silo gives."""
+    noise, noise_loss = found[NOISE]
+    lines = [f"- Yardstick: Data Silo re-run with another model seed scores APIR {pct(noise['apir'])} "
+             f"(Win {noise['win']} / Lose {noise['lose']} / Tie {noise['tie']}), test-loss APIR "
+             f"{pct(noise_loss['apir'])}. A difference smaller than this is within what the seed alone moves."]
+    ffw, ffw_loss = found["fewfedweight"]
+    for other, why in [("fedavg", "beats FedAvg"), ("ditto", "beats Ditto"), ("data_silo_da", "beats Data Silo DA"),
+                       ("ffw_no_pseudo", "pseudo data helps"), ("ffw_uniform", "energy weights help"),
+                       ("ffw_size", "dynamic (loss) aggregation helps")]:
+        o, o_loss = found[other]
+        verdicts = []
+        for label, a, b in (("task metrics", ffw["apir"], o["apir"]), ("test loss", ffw_loss["apir"], o_loss["apir"])):
+            if a is None or b is None:
+                verdicts.append(f"{label}: undefined")
+            else:
+                verdicts.append(f"{label}: {'holds' if a > b else 'does not hold'} ({pct(a)} vs {pct(b)})")
+        lines.append(f"- FewFedWeight {why} ({LABELS[other]}): " + "; ".join(verdicts))
+    return lines
 
 
 def task_rows(out: Path, names: list[str]) -> list[list[str]]:
@@ -121,27 +179,64 @@ def main() -> None:
     ap.add_argument("--doc", default=None, help="write the study's tables to this markdown file")
     ap.add_argument("--only", default=None, help="comma-separated variants to run (the tables need all)")
     ap.add_argument("--study", default=str(STUDY))
+    ap.add_argument("--more-samples", default="",
+                    help=f"comma-separated few-shot sample seeds to re-run {', '.join(SAMPLED)} on (into OUT/sample-SEED)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="variants run at once, the cores split between them (Table 4 then times each under that load)")
     args = ap.parse_args()
     load_all()
     out, study = Path(args.out), Path(args.study)
     variants = list(tomllib.loads(study.read_text())["variants"])
-    for name in (args.only.split(",") if args.only else variants):
-        run_variant(name, out, study)
+    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    extra = [int(x) for x in args.more_samples.split(",")] if args.more_samples else []
+    jobs = [(v, out, ()) for v in (args.only.split(",") if args.only else variants)]
+    jobs += [(v, out / f"sample-{seed}", (f"task.sample_seeds=[{seed}]",)) for seed in extra for v in SAMPLED]
+    with ThreadPoolExecutor(args.jobs) as pool:
+        failures = [f for f in pool.map(lambda j: run_variant(j[0], j[1], study, threads, j[2]), jobs) if f]
+    if failures:
+        sys.exit("\n".join(failures))
     if not all((out / v / "results.json").is_file() for v in variants):
         print("not every variant has finished: no tables yet")
         return
-    epochs = tomllib.loads(study.read_text())["base"]["client"]["epochs"]
-    t1, t2 = summary_rows(out, TABLE1), summary_rows(out, TABLE2)
+    raw = tomllib.loads(study.read_text())
+    found = summaries(out, [v for v in variants if v != BASE])
     tasks = task_rows(out, [v for v in variants if v != BASE])
-    costs = cost_rows(out, variants, epochs)
-    text = "\n\n".join(["## Table 1: methods against Data Silo", markdown_table(t1),
-                        "## Table 2: ablations against Data Silo", markdown_table(t2),
-                        "## Table 4: seconds per local epoch of one client (median over clients and rounds)",
-                        markdown_table(costs), "## Every task", markdown_table(tasks)])
+    costs = cost_rows(out, variants, raw["base"]["client"]["epochs"])
+    text = "\n\n".join([
+        "## Table 1: methods against Data Silo", markdown_table(summary_rows(found, TABLE1)),
+        "## Table 2: ablations against Data Silo", markdown_table(summary_rows(found, TABLE2)),
+        "## The paper's claims", "\n".join(claims(found)),
+        *samples_section(out, raw["base"]["task"]["sample_seeds"], extra),
+        "## Table 4: seconds per local epoch of one client (median over clients and rounds)", markdown_table(costs),
+        "## Every task (test metric, %)", markdown_table(tasks)])
     print(text)
     if args.doc:
-        stamp = f"Measured {date.today()} on {platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}."
-        Path(args.doc).write_text(f"<!-- generated by bench/multitask_study.py; {stamp} -->\n{text}\n")
+        write_doc(Path(args.doc), text, scale(raw, args.jobs))
+
+
+def scale(raw: dict, jobs: int) -> str:
+    b = raw["base"]
+    t, m, c, f = b["task"], b["model"], b["client"], b["federation"]
+    return (f"Scale: {t['clients']} clients × {len(t['tasks']) // t['clients']} tasks ({', '.join(t['tasks'])}), "
+            f"few-shot sample seed(s) {t['sample_seeds']}, model {m['name']} ({m.get('num_decoder_layers')} decoder "
+            f"layers), {c['optimizer']} lr {c['lr']}, batch {c['batch_size']}, {f['rounds']} rounds × {c['epochs']} "
+            f"local epochs, source/target ≤ {t['max_source_length']}/{t['max_target_length']} tokens; {jobs} "
+            f"variant(s) at a time, {max(1, (os.cpu_count() or 1) // jobs)} torch thread(s) each.")
+
+
+def write_doc(path: Path, tables: str, scale_line: str) -> None:
+    """The generated part; a hand-written `## Reading` section already in the file is kept."""
+    kept = ""
+    if path.is_file() and READING in path.read_text():
+        kept = path.read_text()[path.read_text().index(READING):]
+    stamp = (f"Measured {date.today()} on {platform.machine()}, {os.cpu_count()} CPU cores, Python "
+             f"{platform.python_version()}. Command: `python bench/multitask_study.py {' '.join(sys.argv[1:])}` (variants run in subprocesses; finished ones are skipped on a re-run).")
+    head = (f"# FewFedWeight study at CPU scale\n\n<!-- tables generated by bench/multitask_study.py -->\n{stamp}\n\n"
+            f"{scale_line}\n\nAPIR: PIR = (m − m_DataSilo)/m_DataSilo per task on the task's own CrossFit metric, "
+            f"mean per client, then over clients (`fedsilo compare`); rows where Data Silo scores 0 have no PIR "
+            f"(counted as undefined). Test-loss APIR is the same on the teacher-forced test loss (lower is better, "
+            f"so a positive value is a lower loss): a graded signal where the few-shot metrics sit at chance.\n\n")
+    path.write_text(head + tables + "\n" + (f"\n{kept}" if kept else ""))
 
 
 if __name__ == "__main__":
