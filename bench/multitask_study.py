@@ -131,17 +131,21 @@ def claims(found: dict[str, tuple[dict, dict]]) -> list[str]:
              f"(Win {noise['win']} / Lose {noise['lose']} / Tie {noise['tie']}), test-loss APIR "
              f"{pct(noise_loss['apir'])}. A difference smaller than this is within what the seed alone moves."]
     ffw, ffw_loss = found["fewfedweight"]
-    for other, why in [("fedavg", "beats FedAvg"), ("ditto", "beats Ditto"), ("data_silo_da", "beats Data Silo DA"),
+    for other, why in [("fedavg", "FewFedWeight beats FedAvg"), ("ditto", "FewFedWeight beats Ditto"),
+                       ("data_silo_da", "FewFedWeight beats Data Silo DA"),
                        ("ffw_no_pseudo", "pseudo data helps"), ("ffw_uniform", "energy weights help"),
                        ("ffw_size", "dynamic (loss) aggregation helps")]:
         o, o_loss = found[other]
         verdicts = []
-        for label, a, b in (("task metrics", ffw["apir"], o["apir"]), ("test loss", ffw_loss["apir"], o_loss["apir"])):
+        for label, a, b, yard in (("task metrics", ffw["apir"], o["apir"], noise["apir"]),
+                                  ("test loss", ffw_loss["apir"], o_loss["apir"], noise_loss["apir"])):
             if a is None or b is None:
                 verdicts.append(f"{label}: undefined")
-            else:
-                verdicts.append(f"{label}: {'holds' if a > b else 'does not hold'} ({pct(a)} vs {pct(b)})")
-        lines.append(f"- FewFedWeight {why} ({LABELS[other]}): " + "; ".join(verdicts))
+                continue
+            verdict = "holds" if a > b else "no difference" if a == b else "does not hold"
+            within = " (within the yardstick)" if a != b and yard is not None and abs(a - b) <= abs(yard) else ""
+            verdicts.append(f"{label}: {verdict}{within} ({pct(a)} vs {pct(b)})")
+        lines.append(f"- {why} (FewFedWeight vs {LABELS[other]}): " + "; ".join(verdicts))
     return lines
 
 
