@@ -16,6 +16,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, SerializeAsA
                       create_model, field_validator, model_validator)
 
 from fedsilo.client import pseudo as _pseudo  # noqa: F401  (registers the pseudo_labels hook)
+from fedsilo.client.batching import BATCH_ORDERS
 from fedsilo.client.hooks import ROUND_HOOKS
 from fedsilo.client.objective import CLIENT_OBJECTIVES, REGULARIZERS
 from fedsilo.client.optim import CLIENT_OPTIMIZERS
@@ -76,6 +77,10 @@ class ModelConfig(Strict):
     num_heads: int = Field(4, gt=0, le=1024)
     dropout: float = Field(0.1, ge=0, lt=1)
     device: str = Field("auto", description="auto: cuda when available, else cpu; or any torch device")
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32", description="client training and evaluation under autocast (bf16, or fp16 with a grad scaler); "
+                            "weights, server aggregation and the server optimiser stay fp32")
+    tf32: bool = Field(True, description="TF32 matmuls on CUDA (Ampere or newer): fp32 weights, faster matmuls")
     surgery: SurgeryConfig | None = None
     init_from: str | None = Field(None, description="start from this run directory's best.pt (the global "
                                                     "model) or a checkpoint file, e.g. a generic engine")
@@ -103,6 +108,12 @@ class ClientConfig(Strict):
     optimizer: choice(CLIENT_OPTIMIZERS) = "adafactor"
     weight_decay: FiniteFloat = Field(0.0, ge=0)
     logging_steps: int = Field(4, gt=0, description="ΔL windows, in optimiser steps")
+    batching: choice(BATCH_ORDERS) = Field(
+        "length_grouped", description="batch order: length_grouped (similar lengths batched together inside "
+                                      "shuffled windows: less padding) or shuffle (a plain random permutation, "
+                                      "the Hugging Face Trainer's sampler)")
+    length_window: int | None = Field(None, gt=0, description="batches per length-sorted window; None: the "
+                                                              "Trainer's rule, n/(4·batch_size) capped at 50")
     max_grad_norm: FiniteFloat = Field(1.0, ge=0, description="0 disables clipping")
     regularizers: dict[str, FiniteFloat] = Field(
         default_factory=dict, description="name → coefficient, e.g. {prox = 1e-4} (FedProx μ)")
@@ -229,6 +240,19 @@ class EngineConfig(Strict):
     store: Literal["disk", "memory"] = Field(
         "disk", description="where clients keep state between rounds: disk (safetensors in the run "
                             "directory, RAM stays one model) or memory")
+    workers: int | Literal["auto"] = Field(
+        "auto", description="worker processes training a round's clients at once, each with its own working "
+                            "model and a share of the threads; 1: one after another in this process; auto: "
+                            "one per CPU core (at most 4), or one per GPU")
+    token_cache: bool = Field(True, description="keep each silo's tokenised examples on disk ($FEDSILO_CACHE_DIR, "
+                                                "else ~/.cache/fedsilo), keyed by tokenizer, settings and text")
+
+    @field_validator("workers")
+    @classmethod
+    def _positive_workers(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and (isinstance(v, bool) or v < 1):
+            raise ValueError("engine.workers must be a positive count or \"auto\"")
+        return v
 
 
 class FlowerConfig(Strict):

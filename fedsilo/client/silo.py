@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -16,7 +17,9 @@ import torch
 from fedsilo.config import ClientConfig
 from fedsilo.core.exchange import ExchangePlan, SelectionContext
 from fedsilo.core.tensors import Tensors
+from fedsilo.models.precision import autocast
 from fedsilo.server import ClientUpdate
+from fedsilo.tasks.tokens import PreTokenized, row_length, tokenized
 
 from .hooks import ROUND_HOOKS, HookContext
 from .objective import CLIENT_OBJECTIVES
@@ -47,14 +50,26 @@ def load_tensors(model: torch.nn.Module, *tensor_sets: Tensors) -> None:
 class SiloClient:
     def __init__(self, name: str, index: int, examples: Sequence, task: Any, cfg: ClientConfig,
                  model: torch.nn.Module, plan: ExchangePlan, store: ClientStore, initial: Tensors,
-                 persist_optimizer: bool = False) -> None:
+                 persist_optimizer: bool = False, token_cache: Path | None = None, precision: str = "fp32") -> None:
         self.name, self.index = name, index
         self.examples, self.task, self.cfg = examples, task, cfg
         self.model, self.plan, self.store = model, plan, store
         self.shared_names, self.private_names = plan.split(federated_parameters(model))
         self.initial = initial  # the initial private tensors (one copy shared by all clients)
         self.persist_optimizer = persist_optimizer
+        self.precision = precision
         self.loss_fn = CLIENT_OBJECTIVES.get(cfg.objective)(task, cfg)
+        # Tokenised once here (read from the cache when an earlier run wrote it); batches are padded
+        # from these tensors. A task without `tokenize`/`pad` is collated from its examples each batch.
+        self.rows = tokenized(task, examples, token_cache) if isinstance(task, PreTokenized) else None
+
+    def batches_from(self, examples: Sequence) -> tuple[Sequence, Callable, list[int] | None]:
+        """(items, collate, token lengths) the training loop batches: the silo's cached rows, rows of
+        a round hook's examples (pseudo labels) tokenised now, or raw examples."""
+        if self.rows is None:
+            return examples, self.task.collate, None
+        rows = self.rows if examples is self.examples else self.task.tokenize(examples)
+        return rows, self.task.pad, [row_length(r) for r in rows]
 
     def planned_steps(self) -> int:
         batches = -(-len(self.examples) // self.cfg.batch_size)
@@ -98,14 +113,17 @@ class SiloClient:
         if self.cfg.before_training:
             ctx = HookContext(self.name, round_idx, run_seed, self.model, self.examples, received,
                               state.slot("own"), self.cfg.pseudo_source, self.task, self.cfg.hook_settings())
-            examples = ROUND_HOOKS.get(self.cfg.before_training)(ctx)
+            with autocast(self.precision, device):
+                examples = ROUND_HOOKS.get(self.cfg.before_training)(ctx)
             self.start_point(received, state)  # the hook may have loaded another model to label with
             phases["before_training"] = time.perf_counter() - start
         restore = None
         if self.persist_optimizer and state.slot("optimizer"):
             restore = lambda opt: optimizer_from_slot(opt, state.slot("optimizer"), state.meta["optimizer_scalars"])  # noqa: E731
+        items, collate, lengths = self.batches_from(examples)
         result, opt = train_local(
-            self.model, examples, self.task.collate, self.loss_fn,
+            self.model, items, collate, self.loss_fn, lengths=lengths, batch_order=self.cfg.batching,
+            length_window=self.cfg.length_window, precision=self.precision,
             epochs=self.cfg.epochs, lr=self.cfg.lr, lr_overrides=self._private_lrs(), batch_size=self.cfg.batch_size,
             grad_accum=self.cfg.grad_accum,
             optimizer=self.cfg.optimizer, weight_decay=self.cfg.weight_decay, logging_steps=self.cfg.logging_steps,
@@ -158,8 +176,10 @@ class SiloClient:
         round), trained on the round's examples with λ/2·‖v − w_global‖² added. Returns (v, result)."""
         p = self.cfg.personal
         load_tensors(self.model, received, state.slot("personal"))
+        items, collate, lengths = self.batches_from(examples)
         result, _ = train_local(
-            self.model, examples, self.task.collate, self.loss_fn, epochs=p.epochs, lr=p.lr or self.cfg.lr,
+            self.model, items, collate, self.loss_fn, lengths=lengths, batch_order=self.cfg.batching,
+            length_window=self.cfg.length_window, precision=self.precision, epochs=p.epochs, lr=p.lr or self.cfg.lr,
             batch_size=self.cfg.batch_size, grad_accum=self.cfg.grad_accum, optimizer=self.cfg.optimizer,
             weight_decay=self.cfg.weight_decay, logging_steps=self.cfg.logging_steps,
             regularizers={"personal": p.coef}, anchor={k: received[k] for k in received if k in self.shared_names},

@@ -22,6 +22,9 @@ import torch
 from fedsilo.core.tensors import Tensors
 from fedsilo.core.weighting import delta_loss
 
+from fedsilo.models.precision import autocast, grad_scaler
+
+from .batching import BATCH_ORDERS, default_window
 from .objective import objective_terms
 from .optim import make_optimizer
 
@@ -92,6 +95,10 @@ def train_local(
     optimizer_state: Callable[[torch.optim.Optimizer], None] | None = None,
     on_step: Callable[[], None] | None = None,
     max_steps: int | None = None,
+    lengths: Sequence[int] | None = None,
+    batch_order: str = "length_grouped",
+    length_window: int | None = None,
+    precision: str = "fp32",
 ) -> tuple[LocalResult, torch.optim.Optimizer]:
     """Train `model` in place on `examples`; returns the result and the optimiser (for its state).
 
@@ -100,6 +107,9 @@ def train_local(
     `anchor` (the received global tensors) are added. Training minimises the sum of all terms; the
     logged loss (ΔL, mean loss) is the sum of `tracked_terms` (default: all). Randomness (data order,
     dropout) comes from `seed` alone and leaves torch's global generator as it was.
+    `batch_order` names a policy of `fedsilo.client.batching` over the examples' token `lengths`
+    (without lengths, a plain shuffle). `precision` bf16/fp16 runs the forward pass under autocast
+    (fp16 with a gradient scaler); weights and optimiser state stay fp32.
     """
     start = time.perf_counter()
     params = dict(model.named_parameters())
@@ -112,6 +122,11 @@ def train_local(
     anchor = anchor or {}
     log = LossLog(logging_steps, step_offset)
     order_rng = torch.Generator().manual_seed(seed)
+    if lengths is None:
+        lengths, batch_order = [0] * len(examples), "shuffle"
+    window = length_window or default_window(len(examples), batch_size)
+    epoch_order = BATCH_ORDERS.get(batch_order)
+    scaler = grad_scaler(precision, device)
     term_sums: dict[str, torch.Tensor] = {}
     batches = 0
     tracked_sum = torch.zeros((), device=device)     # unscaled, for the mean loss
@@ -125,17 +140,19 @@ def train_local(
         epoch = 0
         while (steps < max_steps) if max_steps else (epoch < epochs):
             epoch += 1
-            order = torch.randperm(len(examples), generator=order_rng).tolist()
+            order = epoch_order(lengths, batch_size, order_rng, window)
             starts = range(0, len(order), batch_size)
             per_epoch = len(starts)
             for i, s in enumerate(starts):
                 batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v
                          for k, v in collate([examples[j] for j in order[s:s + batch_size]]).items()}
-                terms = objective_terms(loss_fn(model, batch), params, anchor, regularizers)
-                total = sum(terms.values())
-                tracked = total if tracked_terms is None else sum(
-                    (terms[t] for t in tracked_terms if t in terms), torch.zeros((), device=device))
-                (total / grad_accum if grad_accum > 1 else total).backward()
+                with autocast(precision, device):
+                    terms = objective_terms(loss_fn(model, batch), params, anchor, regularizers)
+                    total = sum(terms.values())
+                    tracked = total if tracked_terms is None else sum(
+                        (terms[t] for t in tracked_terms if t in terms), torch.zeros((), device=device))
+                scaled = total / grad_accum if grad_accum > 1 else total
+                (scaler.scale(scaled) if scaler else scaled).backward()
                 with torch.no_grad():
                     for name, t in terms.items():
                         t = t.detach()
@@ -144,9 +161,15 @@ def train_local(
                     step_loss += tracked.detach() / grad_accum
                 batches += 1
                 if (i + 1) % grad_accum == 0 or (per_epoch <= grad_accum and i + 1 == per_epoch):
+                    if scaler:
+                        scaler.unscale_(opt)
                     if max_grad_norm:
                         torch.nn.utils.clip_grad_norm_(trainable, max_grad_norm)
-                    opt.step()
+                    if scaler:
+                        scaler.step(opt)  # skipped when the scaled gradients overflowed
+                        scaler.update()
+                    else:
+                        opt.step()
                     opt.zero_grad(set_to_none=True)
                     steps += 1
                     log.record(step_loss)

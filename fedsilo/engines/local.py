@@ -1,7 +1,8 @@
-"""The in-process engine: every silo in this process, trained one after another on one working model.
+"""The in-process engine: every silo in this process, trained one after another on one working
+model, or a round's clients at once in worker processes (`engine.workers`, `engines/workers.py`).
 
 What a silo keeps between rounds is in the client store (disk by default), so RAM holds one model
-however many silos keep state.
+(plus one per worker) however many silos keep state.
 """
 from __future__ import annotations
 
@@ -12,26 +13,34 @@ import torch
 from fedsilo.client.silo import SiloClient, load_tensors
 from fedsilo.client.store import ClientStore
 from fedsilo.config import RunConfig
+from fedsilo.engines.workers import WorkerPool, resolve_workers
+from fedsilo.models.precision import autocast
 from fedsilo.progress import Progress
-from fedsilo.runs.build import build_client, exchange_plan, initial_private, members
+from fedsilo.runs.build import build_clients, exchange_plan, initial_private
 from fedsilo.server import Server
 
 
 def run_round(server: Server, clients: dict[str, SiloClient], sampled: list[str], round_idx: int, seed: int,
-              progress: Progress | None = None) -> dict:
+              progress: Progress | None = None, pool: WorkerPool | None = None) -> dict:
     """Send, train, receive, aggregate. Returns the round record (without evaluation)."""
     start = time.perf_counter()
     server.begin_round(round_idx)
     for client in clients.values():
         client.store.set_round(round_idx)
-    for name in sampled:
-        client = clients[name]
+    if pool is not None and len(sampled) > 1:
         if progress:
-            progress.begin(f"round {round_idx} · {name}", client.planned_steps())
-        update = client.fit(round_idx, server.payload(name), seed, on_step=progress.advance if progress else None)
-        reason = server.receive(name, update)
-        if reason and progress:
-            progress.warn(f"round {round_idx}: rejected {name}: {reason}")
+            progress.begin(f"round {round_idx} · {len(sampled)} clients in {pool.workers} workers",
+                           sum(clients[n].planned_steps() for n in sampled))
+        pool.run_round(server, clients, sampled, round_idx, seed, progress)
+    else:
+        for name in sampled:
+            client = clients[name]
+            if progress:
+                progress.begin(f"round {round_idx} · {name}", client.planned_steps())
+            update = client.fit(round_idx, server.payload(name), seed, on_step=progress.advance if progress else None)
+            reason = server.receive(name, update)
+            if reason and progress:
+                progress.warn(f"round {round_idx}: rejected {name}: {reason}")
     record = server.end_round()
     record.update(round=round_idx, sampled=sampled, missing=[])
     record["seconds"] = time.perf_counter() - start
@@ -42,9 +51,11 @@ class LocalEngine:
     def __init__(self, cfg: RunConfig, task, model: torch.nn.Module, store: ClientStore) -> None:
         self.cfg, self.task, self.model, self.store = cfg, task, model, store
         self.plan = exchange_plan(cfg)
-        self.initial = initial = initial_private(model, self.plan)
-        self.clients = {name: build_client(cfg, task, model, store, name, i, examples, ccfg, initial)
-                        for i, (name, examples, ccfg) in enumerate(members(cfg, task))}
+        self.initial = initial_private(model, self.plan)
+        self.clients = build_clients(cfg, task, model, store)
+        self.device = next(model.parameters()).device
+        self.workers = resolve_workers(cfg.engine.workers, self.device, len(self.clients))
+        self._pool: WorkerPool | None = None
 
     @property
     def client_names(self) -> list[str]:
@@ -55,7 +66,16 @@ class LocalEngine:
         return {name: len(c.examples) for name, c in self.clients.items()}
 
     def train_round(self, server: Server, sampled: list[str], round_idx: int, progress: Progress | None) -> dict:
-        return run_round(server, self.clients, sampled, round_idx, self.cfg.seed, progress)
+        if self.workers > 1 and len(sampled) > 1 and self._pool is None:
+            self._pool = WorkerPool(self.clients, min(self.workers, len(sampled)), self.device,
+                                    self.cfg.model_dump(exclude_none=True))
+        return run_round(server, self.clients, sampled, round_idx, self.cfg.seed, progress, self._pool)
+
+    def close(self) -> None:
+        """Stop the worker processes (if any were started)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     def evaluate(self, server: Server, split: str, progress: Progress | None, final: bool = False) -> list[dict]:
         """Each silo's model (the global tensors with what the silo keeps) on that silo's `split`."""
@@ -69,7 +89,8 @@ class LocalEngine:
                 client.load_for_eval(server.params)
             else:  # centralized: the pooled model
                 load_tensors(self.model, server.params)
-            rows += task.evaluate(self.model, name, split, progress=progress, final=final)
+            with autocast(self.cfg.model.precision, self.device):
+                rows += task.evaluate(self.model, name, split, progress=progress, final=final)
         return rows
 
     def evaluate_matrix(self, server: Server, split: str, progress: Progress | None) -> dict[str, list[dict]]:
@@ -90,7 +111,8 @@ class LocalEngine:
         out = {}
         for name, load in models.items():
             load()
-            out[name] = [row for d in domains for row in task.evaluate(self.model, d, split, progress=progress)]
+            with autocast(self.cfg.model.precision, self.device):
+                out[name] = [row for d in domains for row in task.evaluate(self.model, d, split, progress=progress)]
         return out
 
     def set_round(self, round_idx: int) -> None:

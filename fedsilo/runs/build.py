@@ -18,8 +18,10 @@ from fedsilo.core.exchange import ExchangePlan
 from fedsilo.core.server_opt import ServerOptimizer
 from fedsilo.core.tensors import Tensors
 from fedsilo.models import MODEL_KINDS, SURGERIES
+from fedsilo.models.precision import check_precision, set_tf32
 from fedsilo.server import Server
 from fedsilo.tasks import TASKS
+from fedsilo.tasks.tokens import default_cache_dir
 
 
 def exchange_plan(cfg: RunConfig) -> ExchangePlan:
@@ -77,6 +79,9 @@ def build_model(cfg: RunConfig) -> tuple[torch.nn.Module, object]:
     if mcfg.init_from:
         from .rundir import init_tensors
         load_tensors(model, init_tensors(mcfg.init_from, federated_parameters(model)))
+    device = next(model.parameters()).device
+    check_precision(mcfg.precision, device)
+    set_tf32(device, mcfg.tf32)
     model.eval()
     return model, tokenizer
 
@@ -146,9 +151,18 @@ def build_client(cfg: RunConfig, task, model, store: ClientStore, name: str, ind
                           f"does not offer it ({protocol.__name__})")
     try:
         return SiloClient(name, index, examples, task, client_cfg, model, exchange_plan(cfg), store, initial,
-                          persist_optimizer=cfg.persist_optimizer)
+                          persist_optimizer=cfg.persist_optimizer,
+                          token_cache=default_cache_dir() if cfg.engine.token_cache else None,
+                          precision=cfg.model.precision)
     except TypeError as err:  # an objective the task cannot serve
         raise ConfigError(f"client.objective = {client_cfg.objective!r}: {err}") from None
+
+
+def build_clients(cfg: RunConfig, task, model, store: ClientStore) -> dict[str, SiloClient]:
+    """Every participant over the one working `model` (members' order: the silo index of each)."""
+    initial = initial_private(model, exchange_plan(cfg))
+    return {name: build_client(cfg, task, model, store, name, i, examples, ccfg, initial)
+            for i, (name, examples, ccfg) in enumerate(members(cfg, task))}
 
 
 def store_root(run_path: Path) -> Path:

@@ -172,8 +172,11 @@ def run_local(cfg: RunConfig, run: RunDir, resume: bool = False, progress: Progr
         tokenizer.save_pretrained(str(run.path / TOKENIZER_DIR))
     store = make_store(cfg.engine.store, store_root(run.path))
     engine = LocalEngine(cfg, task, model, store)
-    results = run_federation(cfg, run, engine, build_server(cfg, model), task.spec, task.name, resume, progress,
-                             display=getattr(task, "display", None))
+    try:
+        results = run_federation(cfg, run, engine, build_server(cfg, model), task.spec, task.name, resume, progress,
+                                 display=getattr(task, "display", None))
+    finally:
+        engine.close()
     if getattr(task, "reference_names", None) and "reference" not in results:
         results["reference"] = {name: task.spec.summarize(reference_rows(task, name, "test"))
                                 for name in task.reference_names}

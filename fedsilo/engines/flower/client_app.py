@@ -15,6 +15,7 @@ from flwr.clientapp import ClientApp
 from fedsilo.client.silo import SiloClient
 from fedsilo.client.store import DiskStore
 from fedsilo.config import ConfigError, RunConfig, validate
+from fedsilo.models.precision import autocast
 
 from .codec import from_arrays, rows_to_record, update_to_content
 
@@ -97,6 +98,8 @@ def evaluate(message: Message, context: Context) -> Message:
     conf = message.content["config"]
     silo.store.set_round(int(conf["state-round"]))
     silo.client.load_for_eval(from_arrays(message.content["arrays"]))
-    rows = silo.task.evaluate(silo.client.model, silo.name, str(conf["split"]), final=bool(conf["final"]))
+    model = silo.client.model
+    with autocast(silo.client.precision, next(model.parameters()).device):
+        rows = silo.task.evaluate(model, silo.name, str(conf["split"]), final=bool(conf["final"]))
     return Message(RecordDict({"rows": rows_to_record(rows), "silo": ConfigRecord({"name": silo.name})}),
                    reply_to=message)

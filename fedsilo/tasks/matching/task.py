@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from fedsilo.tasks.base import fixed_subsample, pool
+from fedsilo.tasks.tokens import attention_mask, pad_rows
 
 from .data import DISPLAY, DataError, Question, load_silo
 from .metrics import SPEC, question_stats
@@ -100,9 +101,31 @@ class MatchingTask:
 
     def collate(self, batch: Sequence[Triple]) -> dict[str, torch.Tensor]:
         """The batch's relevant pairs, then its irrelevant pairs, in one encoding of 2·B rows."""
-        questions = [t.question for t in batch] * 2
-        answers = [t.positive for t in batch] + [t.negative for t in batch]
-        return self.encode(questions, answers)
+        return self.pad(self.tokenize(batch))
+
+    # ---- tokenise once (fedsilo.tasks.tokens) ---------------------------------------------
+
+    def tokenize(self, triples: Sequence[Triple]) -> list[dict[str, torch.Tensor]]:
+        """Each triple's two pairs, '[CLS] q [SEP] a [SEP]', the longer side cut first at `max_length`."""
+        out = []
+        for side in ("positive", "negative"):
+            enc = self.tokenizer([t.question for t in triples], [getattr(t, side) for t in triples],
+                                 truncation="longest_first", max_length=self.settings.max_length,
+                                 return_attention_mask=False)
+            types = enc.get("token_type_ids") or [[0] * len(ids) for ids in enc["input_ids"]]
+            out.append([(torch.tensor(ids), torch.tensor(tt)) for ids, tt in zip(enc["input_ids"], types)])
+        return [{"pos_ids": p[0], "pos_types": p[1], "neg_ids": n[0], "neg_types": n[1]} for p, n in zip(*out)]
+
+    def pad(self, rows: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        ids = [r["pos_ids"] for r in rows] + [r["neg_ids"] for r in rows]
+        types = [r["pos_types"] for r in rows] + [r["neg_types"] for r in rows]
+        batch = {"input_ids": pad_rows(ids, self.tokenizer.pad_token_id), "attention_mask": attention_mask(ids)}
+        if "token_type_ids" in self.tokenizer.model_input_names:
+            batch["token_type_ids"] = pad_rows(types, self.tokenizer.pad_token_type_id)
+        return batch
+
+    def token_settings(self) -> dict:
+        return {"max_length": self.settings.max_length}
 
     def loss(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """FedMatch's pairwise hinge, mean over the batch: max(0, margin − f(q,a⁺) + f(q,a⁻))."""

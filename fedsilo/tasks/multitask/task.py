@@ -29,6 +29,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from fedsilo.tasks.tokens import RowMemo, attention_mask, pad_rows, sorted_batches
+
 from .catalog import CATALOG
 from .data import SPLITS, load_fewshot
 from .metrics import SPEC, example_stats
@@ -69,6 +71,7 @@ class MultitaskTask:
         assignment = settings.assignment_map()
         self.tasks = {c: assignment[c] for c in settings.client_names()}
         self.splits: dict[str, dict[str, dict[str, list[Example]]]] = {}  # client → split → task → examples
+        self.rows = RowMemo(self)
         for client, names in self.tasks.items():
             parts: dict[str, dict[str, list[Example]]] = {s: {} for s in SPLITS}
             for name in names:
@@ -94,23 +97,45 @@ class MultitaskTask:
         """Source ids and labels (target + EOS, padding -100), each cut at its length limit; examples
         with a pseudo label add a second row (same source, the pseudo label) after the annotated
         rows, and `token_weights` holds every row's per-token weights (1/length for annotated rows)."""
+        return self.pad(self.tokenize(batch))
+
+    # ---- tokenise once (fedsilo.tasks.tokens) ---------------------------------------------
+
+    def tokenize(self, examples: Sequence[Example]) -> list[dict[str, torch.Tensor]]:
+        """Source ids, labels (target + EOS) and, for a pseudo-labelled example, its pseudo label
+        and token weights."""
         s = self.settings
-        paired = [e for e in batch if e.pseudo]
-        sources = [e.source for e in batch] + [e.source for e in paired]
-        enc = self.tokenizer(sources, max_length=s.max_source_length, truncation=True,
-                             padding=True, return_tensors="pt", return_token_type_ids=False)
-        targets = self.tokenizer([e.target for e in batch], add_special_tokens=False, truncation=True,
+        sources = self.tokenizer([e.source for e in examples], max_length=s.max_source_length, truncation=True,
+                                 return_token_type_ids=False, return_attention_mask=False)["input_ids"]
+        targets = self.tokenizer([e.target for e in examples], add_special_tokens=False, truncation=True,
                                  max_length=s.max_target_length - 1)["input_ids"]
-        rows = [t + [self.eos] for t in targets] + [list(e.pseudo) for e in paired]
-        enc["labels"] = self._pad(rows)
+        rows = []
+        for e, src, tgt in zip(examples, sources, targets):
+            row = {"input_ids": torch.tensor(src), "labels": torch.tensor(tgt + [self.eos])}
+            if e.pseudo:
+                row["pseudo"] = torch.tensor(e.pseudo, dtype=torch.long)
+                row["pseudo_weights"] = torch.tensor(e.pseudo_weights, dtype=torch.float32)
+            rows.append(row)
+        return rows
+
+    def pad(self, rows: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        paired = [r for r in rows if "pseudo" in r]
+        sources = [r["input_ids"] for r in rows] + [r["input_ids"] for r in paired]
+        labels = [r["labels"] for r in rows] + [r["pseudo"] for r in paired]
+        enc = {"input_ids": pad_rows(sources, self.tokenizer.pad_token_id), "attention_mask": attention_mask(sources),
+               "labels": pad_rows(labels, -100)}
         weights = torch.zeros(enc["labels"].shape, dtype=torch.float32)
-        for i, t in enumerate(targets):
-            weights[i, :len(t) + 1] = 1.0 / (len(t) + 1)
-        for i, e in enumerate(paired, start=len(batch)):
-            weights[i, :len(e.pseudo)] = torch.tensor(e.pseudo_weights, dtype=torch.float32)
+        for i, r in enumerate(rows):
+            weights[i, :len(r["labels"])] = 1.0 / len(r["labels"])
+        for i, r in enumerate(paired, start=len(rows)):
+            weights[i, :len(r["pseudo"])] = r["pseudo_weights"]
         enc["token_weights"] = weights
-        enc["annotated_rows"] = torch.tensor(len(batch))
+        enc["annotated_rows"] = torch.tensor(len(rows))
         return enc
+
+    def token_settings(self) -> dict:
+        return {"max_source_length": self.settings.max_source_length,
+                "max_target_length": self.settings.max_target_length, "eos": self.eos}
 
     def sequence_losses(self, model, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(each annotated row's token-mean loss [b], each pseudo row's weighted token loss [p]);
@@ -166,19 +191,19 @@ class MultitaskTask:
         model.eval()
         try:
             for name, examples in self.splits[client][split].items():
-                preds: list[str] = []
+                preds: list[str] = [""] * len(examples)
                 loss_sum, loss_n = 0.0, 0
-                bs = self.settings.eval_batch_size
-                for i in range(0, len(examples), bs):
-                    batch = examples[i:i + bs]
-                    enc = self.collate(batch).to(model.device)
+                encoded = self.rows((client, split, name), examples)
+                for idx in sorted_batches([len(r["input_ids"]) for r in encoded], self.settings.eval_batch_size):
+                    enc = {k: v.to(model.device) for k, v in self.pad([encoded[i] for i in idx]).items()}
                     labels = enc.pop("labels")
                     del enc["token_weights"], enc["annotated_rows"]
                     s, n, ids = loss_and_greedy(model, enc, labels, self.settings.max_target_length - 1)
                     loss_sum, loss_n = loss_sum + s, loss_n + n
-                    preds += [p.strip() for p in self.tokenizer.batch_decode(ids, skip_special_tokens=True)]
+                    for i, p in zip(idx, self.tokenizer.batch_decode(ids, skip_special_tokens=True)):
+                        preds[i] = p.strip()
                     if progress is not None:
-                        progress.advance(len(batch))
+                        progress.advance(len(idx))
                 stats = example_stats(CATALOG.get(name).metric, preds,
                                       [tuple(self._written.get(r, r) for r in e.references) for e in examples])
                 rows.append({"client": client, "task": name,
@@ -210,11 +235,3 @@ class MultitaskTask:
                     f"tokenizer (e.g. {shown}) and are never matched; a model with a byte-level vocabulary "
                     f"(BART, T5) can"), stacklevel=3)
         return {r: w for r, w in written.items() if w}
-
-    @staticmethod
-    def _pad(rows: Sequence[Sequence[int]]) -> torch.Tensor:
-        width = max(len(r) for r in rows)
-        out = torch.full((len(rows), width), -100, dtype=torch.long)
-        for i, r in enumerate(rows):
-            out[i, :len(r)] = torch.tensor(r, dtype=torch.long)
-        return out

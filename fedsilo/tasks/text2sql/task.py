@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from fedsilo.tasks.base import Column, MetricSpec, Metrics, fixed_subsample
+from fedsilo.tasks.tokens import RowMemo, attention_mask, pad_rows, sorted_batches
 
 from .data import DISPLAY, DataError, Example, load_silo
 from .metrics import EXEC_DB, exact_match, execution_match
@@ -112,6 +113,7 @@ class Text2SQLTask:
         self.data_dir = Path(data_dir)
         self.eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
         self.splits: dict[str, dict[str, list[Example]]] = {}
+        self.rows = RowMemo(self)
         for silo in settings.silos:
             raw = load_silo(self.data_dir, silo)
             _require_splits(raw, self.data_dir / f"{silo}.json")
@@ -140,17 +142,29 @@ class Text2SQLTask:
 
     def collate(self, batch: Sequence[Example]) -> dict[str, torch.Tensor]:
         """Inputs and labels (target + EOS, padding = -100) for a seq2seq loss."""
-        enc = self._encode_sources(batch)
-        limit = self.settings.max_target_length - 1
-        targets = self.tokenizer([e.sql for e in batch], add_special_tokens=False, truncation=True,
-                                 max_length=limit)["input_ids"]
-        rows = [t + [self.eos] for t in targets]
-        width = max(len(r) for r in rows)
-        labels = torch.full((len(rows), width), -100, dtype=torch.long)
-        for i, r in enumerate(rows):
-            labels[i, :len(r)] = torch.tensor(r)
-        enc["labels"] = labels
-        return enc
+        return self.pad(self.tokenize(batch))
+
+    # ---- tokenise once (fedsilo.tasks.tokens) ---------------------------------------------
+
+    def tokenize(self, examples: Sequence[Example]) -> list[dict[str, torch.Tensor]]:
+        """Each example's source ids (cut at max_source_length) and labels (target cut at
+        max_target_length − 1, then EOS)."""
+        s = self.settings
+        sources = self.tokenizer([e.source for e in examples], max_length=s.max_source_length, truncation=True,
+                                 return_token_type_ids=False, return_attention_mask=False)["input_ids"]
+        targets = self.tokenizer([e.sql for e in examples], add_special_tokens=False, truncation=True,
+                                 max_length=s.max_target_length - 1)["input_ids"]
+        return [{"input_ids": torch.tensor(src), "labels": torch.tensor(tgt + [self.eos])}
+                for src, tgt in zip(sources, targets)]
+
+    def pad(self, rows: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        ids = [r["input_ids"] for r in rows]
+        return {"input_ids": pad_rows(ids, self.tokenizer.pad_token_id), "attention_mask": attention_mask(ids),
+                "labels": pad_rows([r["labels"] for r in rows], -100)}
+
+    def token_settings(self) -> dict:
+        return {"max_source_length": self.settings.max_source_length,
+                "max_target_length": self.settings.max_target_length, "eos": self.eos}
 
     def loss(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {"task": model(**batch).loss}
@@ -160,8 +174,9 @@ class Text2SQLTask:
                  final: bool = False) -> list[dict]:
         """One row of additive stats for `client`'s `split` (see the module docstring).
 
-        Each batch is encoded once and run through the encoder once; its outputs serve both the
-        teacher-forced loss and greedy decoding (as the paper evaluates)."""
+        A split is tokenised at its first evaluation; batches of similar source length run from the
+        longest down, each through the encoder once: its outputs serve both the teacher-forced loss
+        and greedy decoding (as the paper evaluates)."""
         examples = self.examples(client, split)
         db = EXEC_DB.get(client)
         with_exec = bool(final and self.settings.exec_accuracy and db)
@@ -172,10 +187,10 @@ class Text2SQLTask:
         was_training = model.training
         model.eval()
         try:
-            bs = self.settings.eval_batch_size
-            for i in range(0, len(examples), bs):
-                batch = examples[i:i + bs]
-                loss_sum, loss_n, preds = self.evaluate_batch(model, batch)
+            rows = self.rows((client, split), self.examples(client, split))
+            for idx in sorted_batches([len(r["input_ids"]) for r in rows], self.settings.eval_batch_size):
+                batch = [examples[i] for i in idx]
+                loss_sum, loss_n, preds = self.evaluate_batch(model, [rows[i] for i in idx])
                 stats["loss_sum"] += loss_sum
                 stats["loss_n"] += loss_n
                 stats["n"] += len(batch)
@@ -192,19 +207,16 @@ class Text2SQLTask:
 
     # ---- helpers ---------------------------------------------------------------------------
 
-    def _encode_sources(self, batch: Sequence[Example]) -> dict[str, torch.Tensor]:
-        return self.tokenizer([e.source for e in batch], max_length=self.settings.max_source_length,
-                              truncation=True, padding=True, return_tensors="pt", return_token_type_ids=False)
-
     @torch.no_grad()
-    def evaluate_batch(self, model, batch: Sequence[Example]) -> tuple[float, int, list[str]]:
-        """(summed token cross-entropy, label tokens, greedy predictions) from one encoder pass.
+    def evaluate_batch(self, model, rows: Sequence[Mapping[str, torch.Tensor]]) -> tuple[float, int, list[str]]:
+        """(summed token cross-entropy, label tokens, greedy predictions) of tokenised rows, from one
+        encoder pass.
 
         Generation gets the labels' budget: at most ``max_target_length - 1`` SQL tokens (the label
         adds EOS), so a target that does not fit can never be matched and ``fit`` bounds ``correct``."""
         from fedsilo.models.seq2seq import loss_and_greedy
 
-        enc = self.collate(batch).to(model.device)
+        enc = {k: v.to(model.device) for k, v in self.pad(rows).items()}
         labels = enc.pop("labels")
         loss_sum, loss_n, ids = loss_and_greedy(model, enc, labels, max(1, self.settings.max_target_length - 1))
         return loss_sum, loss_n, self.tokenizer.batch_decode(ids, skip_special_tokens=True)

@@ -16,6 +16,7 @@ import torch
 
 from fedsilo.datafetch import default_data_root
 from fedsilo.tasks.base import fixed_subsample
+from fedsilo.tasks.tokens import RowMemo, attention_mask, pad_rows, sorted_batches
 
 from .data import DISPLAY, DataError, Pair, load_domain
 from .metrics import SPEC, bleu_stats, signatures
@@ -48,6 +49,7 @@ class TranslationTask:
     def __init__(self, settings: TranslationSettings, tokenizer, data_dir: str | Path) -> None:
         self.settings, self.tokenizer, self.data_dir = settings, tokenizer, Path(data_dir)
         self.splits: dict[str, dict[str, list[Pair]]] = {}
+        self.rows = RowMemo(self)
         for domain in dict.fromkeys([*settings.silos, *settings.matrix_domains()]):
             raw = load_domain(self.data_dir, domain)
             empty = [s for s in SPLITS if not raw[s]]
@@ -76,15 +78,27 @@ class TranslationTask:
 
     def collate(self, batch: Sequence[Pair]) -> dict[str, torch.Tensor]:
         """Source ids and labels (target + EOS; padding = -100), each cut at its length limit."""
+        return self.pad(self.tokenize(batch))
+
+    # ---- tokenise once (fedsilo.tasks.tokens) ---------------------------------------------
+
+    def tokenize(self, pairs: Sequence[Pair]) -> list[dict[str, torch.Tensor]]:
         s = self.settings
-        enc = self.tokenizer([p.source for p in batch], max_length=s.max_source_length, truncation=True,
-                             padding=True, return_tensors="pt", return_token_type_ids=False)
-        labels = self.tokenizer(text_target=[p.target for p in batch], max_length=s.max_target_length,
-                                truncation=True, padding=True, return_tensors="pt",
-                                return_token_type_ids=False)
-        ids = labels["input_ids"]
-        enc["labels"] = ids.masked_fill(labels["attention_mask"] == 0, -100)
-        return enc
+        sources = self.tokenizer([p.source for p in pairs], max_length=s.max_source_length, truncation=True,
+                                 return_token_type_ids=False, return_attention_mask=False)["input_ids"]
+        targets = self.tokenizer(text_target=[p.target for p in pairs], max_length=s.max_target_length,
+                                 truncation=True, return_token_type_ids=False,
+                                 return_attention_mask=False)["input_ids"]
+        return [{"input_ids": torch.tensor(a), "labels": torch.tensor(b)} for a, b in zip(sources, targets)]
+
+    def pad(self, rows: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        ids = [r["input_ids"] for r in rows]
+        return {"input_ids": pad_rows(ids, self.tokenizer.pad_token_id), "attention_mask": attention_mask(ids),
+                "labels": pad_rows([r["labels"] for r in rows], -100)}
+
+    def token_settings(self) -> dict:
+        return {"max_source_length": self.settings.max_source_length,
+                "max_target_length": self.settings.max_target_length}
 
     def loss(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {"task": model(**batch).loss}
@@ -94,30 +108,31 @@ class TranslationTask:
                  final: bool = False) -> list[dict]:
         """One row of additive stats for `client`'s (domain's) `split` (see the module docstring)."""
         pairs = self.examples(client, split)
-        hyps: list[str] = []
+        hyps: list[str] = [""] * len(pairs)
         loss_sum, loss_n = 0.0, 0
         was_training = model.training
         model.eval()
         try:
-            bs = self.settings.eval_batch_size
-            for i in range(0, len(pairs), bs):
-                batch = pairs[i:i + bs]
-                s, n, preds = self.evaluate_batch(model, batch)
+            rows = self.rows((client, split), self.examples(client, split))
+            for idx in sorted_batches([len(r["input_ids"]) for r in rows], self.settings.eval_batch_size):
+                s, n, preds = self.evaluate_batch(model, [rows[i] for i in idx])
                 loss_sum, loss_n = loss_sum + s, loss_n + n
-                hyps += preds
+                for i, pred in zip(idx, preds):
+                    hyps[i] = pred
                 if progress is not None:
-                    progress.advance(len(batch))
+                    progress.advance(len(idx))
         finally:
             model.train(was_training)
         stats = {**bleu_stats(hyps, [p.target for p in pairs]), "loss_sum": loss_sum, "loss_n": float(loss_n)}
         return [{"client": client, "task": self.name, "stats": stats}]
 
     @torch.no_grad()
-    def evaluate_batch(self, model, batch: Sequence[Pair]) -> tuple[float, int, list[str]]:
-        """(summed token cross-entropy, label tokens, greedy translations) from one encoder pass."""
+    def evaluate_batch(self, model, rows: Sequence[Mapping[str, torch.Tensor]]) -> tuple[float, int, list[str]]:
+        """(summed token cross-entropy, label tokens, greedy translations) of tokenised rows, from
+        one encoder pass."""
         from fedsilo.models.seq2seq import loss_and_greedy
 
-        enc = self.collate(batch).to(model.device)
+        enc = {k: v.to(model.device) for k, v in self.pad(rows).items()}
         labels = enc.pop("labels")
         loss_sum, loss_n, ids = loss_and_greedy(model, enc, labels, self.settings.max_target_length)
         preds = self.tokenizer.batch_decode(ids, skip_special_tokens=True)

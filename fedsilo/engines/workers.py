@@ -1,0 +1,201 @@
+"""Parallel clients for the in-process engine: a round's sampled clients train at once in a pool of
+worker processes, each with its own working model and a share of the CPU threads (or a GPU).
+
+Results equal one-after-another training: a client's round depends only on what it receives, its
+stored state and its seed, and the parent folds the updates into the aggregate in the sampled
+order. The parent keeps the only client store: it sends each job the client's state and saves the
+state the job returns, so disk and memory stores, private tensors, personal models and optimiser
+state work unchanged. At most `workers` jobs are in flight, so memory grows by about one model per
+worker (its working model and the tensors of its job), not per client.
+
+Workers are forked from the parent on CPU (they inherit the task, its tokenised silos and the
+clients); with CUDA, which cannot be forked, they are spawned and build the same parts from the
+config (`fedsilo.runs.build`), worker k on GPU k mod the GPU count.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+import torch
+
+from fedsilo.client.store import ClientState
+from fedsilo.core.tensors import Tensors
+from fedsilo.progress import Progress
+from fedsilo.server import ClientUpdate, Server
+
+MAX_AUTO_CPU_WORKERS = 4
+
+
+def resolve_workers(setting: int | str, device: torch.device, n_clients: int) -> int:
+    """`engine.workers` as a count: auto is one per GPU on CUDA, else one per CPU core (at most 4);
+    never more than there are clients."""
+    if setting == "auto":
+        if device.type == "cuda":
+            setting = max(1, torch.cuda.device_count())
+        else:
+            setting = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
+                          MAX_AUTO_CPU_WORKERS)
+    return max(1, min(int(setting), n_clients))
+
+
+def start_method(device: torch.device) -> str:
+    """fork where it is safe and cheapest (CPU, POSIX); spawn for CUDA, which a fork cannot carry."""
+    return "fork" if device.type == "cpu" and "fork" in mp.get_all_start_methods() else "spawn"
+
+
+# ---- tensors cross the process boundary as safetensors bytes: a copy, never shared storage --------
+
+def pack(tensors: Tensors) -> bytes:
+    from safetensors.torch import save
+    return save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}) if tensors else b""
+
+
+def unpack(data: bytes) -> Tensors:
+    from safetensors.torch import load
+    return load(data) if data else {}
+
+
+def pack_state(state: ClientState | None) -> tuple[dict[str, bytes], dict] | None:
+    return None if state is None else ({k: pack(v) for k, v in state.slots.items()}, state.meta)
+
+
+def unpack_state(packed: tuple[dict[str, bytes], dict] | None) -> ClientState | None:
+    return None if packed is None else ClientState({k: unpack(v) for k, v in packed[0].items()}, packed[1])
+
+
+class JobStore:
+    """The client store a worker's client sees during one job: the state the parent sent, and the
+    state the client saves, which goes back to the parent's store."""
+
+    def __init__(self, round_idx: int, state: ClientState | None) -> None:
+        self.round = round_idx
+        self._state = state
+        self.saved: ClientState | None = None
+
+    def get(self, client: str) -> ClientState | None:
+        return self._state
+
+    def put(self, client: str, state: ClientState) -> None:
+        self.saved = state
+
+
+# ---- the worker side ------------------------------------------------------------------------------
+
+_CLIENTS: dict = {}      # name → SiloClient: inherited by fork, or built by `_build` after spawn
+_STEPS = None            # queue of finished optimiser steps, for the parent's progress bar
+
+
+def _init_worker(threads: int, steps, spawn_from: dict | None, counter) -> None:
+    global _STEPS, _CLIENTS
+    torch.set_num_threads(threads)
+    _STEPS = steps
+    if spawn_from is not None:
+        with counter.get_lock():
+            rank = counter.value
+            counter.value += 1
+        _CLIENTS = _build(spawn_from, rank)
+
+
+def _build(config: dict, rank: int) -> dict:
+    """The clients over a model of this worker's own (spawned workers: CUDA)."""
+    from fedsilo.client.store import MemoryStore
+    from fedsilo.config import validate
+    from fedsilo.runs.build import build_clients, build_model, build_task
+
+    cfg = validate(config)
+    if torch.cuda.is_available() and cfg.model.device in ("auto", "cuda"):
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(
+            update={"device": f"cuda:{rank % torch.cuda.device_count()}"})})
+    model, tokenizer = build_model(cfg)
+    task = build_task(cfg, tokenizer)
+    return build_clients(cfg, task, model, MemoryStore())
+
+
+def _fit(name: str, round_idx: int, received: bytes, state, seed: int) -> tuple:
+    client = _CLIENTS[name]
+    store = client.store = JobStore(round_idx, unpack_state(state))
+    on_step = (lambda: _STEPS.put(1)) if _STEPS is not None else None
+    update = client.fit(round_idx, unpack(received), seed, on_step=on_step)
+    update.tensors = pack(update.tensors)
+    return update, pack_state(store.saved)
+
+
+# ---- the parent side ------------------------------------------------------------------------------
+
+class WorkerPool:
+    """`workers` processes that train clients; started at the first parallel round, closed with the run."""
+
+    def __init__(self, clients: dict, workers: int, device: torch.device, config: dict) -> None:
+        global _CLIENTS
+        method = start_method(device)
+        ctx = mp.get_context(method)
+        self.workers = workers
+        self.steps = ctx.SimpleQueue()
+        threads = max(1, torch.get_num_threads() // workers)
+        _CLIENTS = clients  # what fork children inherit
+        self.pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
+                                        initargs=(threads, self.steps, config if method == "spawn" else None,
+                                                  ctx.Value("i", 0)))
+
+    def run_round(self, server: Server, clients: dict, sampled: Sequence[str], round_idx: int, seed: int,
+                  progress: Progress | None) -> None:
+        """Train `sampled` in the pool; fold each update (and save each state) in the sampled order."""
+        drain = _StepCounter(self.steps, progress) if progress else None
+        pending: dict[str, Future] = {}
+        queue = list(sampled)
+
+        def submit_next() -> None:
+            name = queue.pop(0)
+            state = clients[name].store.get(name)
+            pending[name] = self.pool.submit(_fit, name, round_idx, pack(server.payload(name)),
+                                             pack_state(state), seed)
+
+        try:
+            while queue and len(pending) < self.workers:
+                submit_next()
+            for name in sampled:
+                try:
+                    update, state = pending.pop(name).result()
+                except BrokenProcessPool:
+                    raise RuntimeError(f"round {round_idx}: a worker process died while training {name} (out of "
+                                       "memory?); set engine.workers = 1 to train one client at a time") from None
+                if queue:
+                    submit_next()
+                update = ClientUpdate(unpack(update.tensors), update.n_examples, update.stats, update.steps,
+                                      update.losses, update.seconds)
+                state = unpack_state(state)
+                if state is not None:
+                    clients[name].store.put(name, state)
+                reason = server.receive(name, update)
+                if reason and progress:
+                    progress.warn(f"round {round_idx}: rejected {name}: {reason}")
+        finally:
+            for f in pending.values():
+                f.cancel()
+            if drain:
+                drain.stop()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+class _StepCounter:
+    """Moves the workers' step events onto the progress bar, from a thread of the parent."""
+
+    def __init__(self, steps, progress: Progress) -> None:
+        self.steps, self.progress = steps, progress
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while (item := self.steps.get()) is not None:
+            self.progress.advance()
+
+    def stop(self) -> None:
+        self.steps.put(None)
+        self.thread.join()

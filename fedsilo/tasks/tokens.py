@@ -1,0 +1,151 @@
+"""Tokenise once: a silo's examples are encoded once per run, cached on disk, and batched from tensors.
+
+A task that implements `PreTokenized` splits its collate into `tokenize` (examples → one row of
+unpadded id tensors each) and `pad` (rows → a batch). The cache file of a set of examples is named
+by a hash of everything that decides the ids: the tokenizer itself (its full serialisation: vocab,
+normaliser, special tokens), the task's length limits and options (`token_settings`), and the
+examples' text. Change any of them and another file is used; nothing is ever read stale.
+
+Files are safetensors (one flat int32 tensor and one offsets tensor per field), written atomically,
+so an interrupted write leaves no file a later run would trust.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from fedsilo.fileio import atomic_write_bytes
+
+Row = dict[str, torch.Tensor]  # field → 1-D tensor of one example (ids, or per-token values)
+FORMAT = 1  # bump when the file layout or a task's row fields change meaning
+
+
+@runtime_checkable
+class PreTokenized(Protocol):
+    name: str
+    tokenizer: Any
+
+    def tokenize(self, examples: Sequence[Any]) -> list[Row]:
+        """One row per example, unpadded."""
+
+    def pad(self, rows: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """The batch `collate` would give for the same examples."""
+
+    def token_settings(self) -> dict:
+        """Everything besides the tokenizer that changes the ids (length limits, formats)."""
+
+
+def row_length(row: Mapping[str, torch.Tensor]) -> int:
+    """Tokens in a row (all its fields): what batching groups by."""
+    return sum(int(t.shape[0]) for t in row.values())
+
+
+def default_cache_dir() -> Path:
+    """$FEDSILO_CACHE_DIR, else $XDG_CACHE_HOME/fedsilo, else ~/.cache/fedsilo; tokens under `tokens/`."""
+    root = os.environ.get("FEDSILO_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fedsilo"
+    return Path(root) / "tokens"
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """A hash of what the tokenizer does: a fast tokenizer's whole serialisation, else its vocab."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        text = backend.to_str()
+    elif hasattr(tokenizer, "get_vocab"):
+        text = json.dumps(sorted(tokenizer.get_vocab().items()))
+    else:
+        raise TypeError(f"cannot fingerprint a {type(tokenizer).__name__} tokenizer (no backend_tokenizer "
+                        "or get_vocab); disable the token cache (engine.token_cache = false)")
+    extra = {"class": type(tokenizer).__name__, "special": {k: str(v) for k, v in
+                                                           getattr(tokenizer, "special_tokens_map", {}).items()}}
+    return hashlib.sha256((text + json.dumps(extra, sort_keys=True)).encode()).hexdigest()
+
+
+def cache_key(task: PreTokenized, examples: Sequence[Any]) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps({"format": FORMAT, "task": task.name, "tokenizer": tokenizer_fingerprint(task.tokenizer),
+                         "settings": task.token_settings()}, sort_keys=True, default=str).encode())
+    for e in examples:
+        h.update(repr(e).encode())
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
+def _to_bytes(rows: Sequence[Row]) -> bytes:
+    from safetensors.torch import save
+    tensors: dict[str, torch.Tensor] = {}
+    for field in (rows[0] if rows else {}):
+        parts = [r[field] for r in rows]
+        tensors[field] = torch.cat(parts) if parts else torch.zeros(0)
+        tensors[f"{field}.offsets"] = torch.tensor([0] + [int(p.shape[0]) for p in parts]).cumsum(0)
+    return save({k: v.contiguous() for k, v in tensors.items()}, metadata={"rows": str(len(rows))})
+
+
+def _from_file(path: Path) -> list[Row]:
+    from safetensors import safe_open
+    with safe_open(str(path), "pt") as f:
+        n = int(f.metadata()["rows"])
+        fields = [k for k in f.keys() if not k.endswith(".offsets")]
+        flat = {k: f.get_tensor(k) for k in fields}
+        offsets = {k: f.get_tensor(f"{k}.offsets").tolist() for k in fields}
+    return [{k: flat[k][offsets[k][i]:offsets[k][i + 1]] for k in fields} for i in range(n)]
+
+
+def tokenized(task: PreTokenized, examples: Sequence[Any], cache_dir: Path | None) -> list[Row]:
+    """`task.tokenize(examples)`, read from `cache_dir` when an earlier run wrote it (None: no cache).
+    Ids are stored as int32 (any vocabulary below 2³¹) and padded into int64 batches."""
+    if not examples:
+        return []
+    path = Path(cache_dir) / f"{task.name}-{cache_key(task, examples)}.safetensors" if cache_dir else None
+    if path is not None and path.exists():
+        try:
+            rows = _from_file(path)
+            if len(rows) == len(examples):
+                return rows
+        except Exception:  # noqa: BLE001 - a damaged cache file is re-made, never trusted
+            pass
+    rows = [{k: (v.to(torch.int32) if not v.is_floating_point() else v) for k, v in r.items()}
+            for r in task.tokenize(examples)]
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, _to_bytes(rows))
+    return rows
+
+
+def pad_rows(rows: Sequence[torch.Tensor], value: int) -> torch.Tensor:
+    """[b, longest] int64, each row left-aligned, the rest `value`."""
+    out = torch.full((len(rows), max((int(r.shape[0]) for r in rows), default=0)), value, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, :r.shape[0]] = r
+    return out
+
+
+def attention_mask(rows: Sequence[torch.Tensor]) -> torch.Tensor:
+    lengths = torch.tensor([int(r.shape[0]) for r in rows])
+    return (torch.arange(int(lengths.max()) if len(rows) else 0)[None, :] < lengths[:, None]).long()
+
+
+def sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Evaluation batches, longest examples first (an out-of-memory shows at once), each a list of
+    indices into the original order; callers put outputs back in that order."""
+    ranked = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [ranked[s:s + batch_size] for s in range(0, len(ranked), batch_size)]
+
+
+class RowMemo:
+    """Rows tokenised at their first use and kept: an evaluation split is tokenised once per run."""
+
+    def __init__(self, task: PreTokenized) -> None:
+        self.task = task
+        self._rows: dict[Any, list[Row]] = {}
+
+    def __call__(self, key: Any, examples: Sequence[Any]) -> list[Row]:
+        if key not in self._rows:
+            self._rows[key] = self.task.tokenize(examples)
+        return self._rows[key]
