@@ -53,10 +53,14 @@ def default_cache_dir() -> Path:
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
-    """A hash of what the tokenizer does: a fast tokenizer's whole serialisation, else its vocab."""
+    """A hash of what the tokenizer does: a fast tokenizer's whole serialisation (less its truncation
+    and padding state, which each call sets), else its vocab."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
-        text = backend.to_str()
+        spec = json.loads(backend.to_str())
+        spec.pop("truncation", None)
+        spec.pop("padding", None)
+        text = json.dumps(spec, sort_keys=True)
     elif hasattr(tokenizer, "get_vocab"):
         text = json.dumps(sorted(tokenizer.get_vocab().items()))
     else:
