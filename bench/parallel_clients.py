@@ -1,0 +1,109 @@
+"""Per-round wall time of the 8-silo text-to-SQL demo: clients one after another (engine.workers = 1)
+vs a round's clients in parallel worker processes (engine.workers = 2), vs Flower's simulation on
+the same workload — each engine in a fresh child process, one after another, on this machine.
+
+The workload is experiments/lorar/small.toml (8 silos × 64 examples, tiny-t5, FedOPT + Lorar) with
+`--rounds` rounds and one evaluation at the end. Round time is rounds.jsonl's `seconds` (send,
+train, receive, aggregate), averaged over rounds 2.. (round 1 also starts the worker pool or Ray).
+
+    python bench/parallel_clients.py [--rounds 3] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from flower_engines import tree_rss  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "experiments" / "lorar" / "small.toml"
+# name → (engine, workers, torch threads per process)
+VARIANTS = {
+    "in-process, workers=1": ("local", 1, None),
+    "in-process, workers=1, 1 thread": ("local", 1, 1),
+    "in-process, workers=2": ("local", 2, None),
+    "Flower simulation": ("flower-sim", 1, 1),
+}
+
+
+def child(engine: str, workers: int, out: Path, rounds: int) -> None:
+    from fedsilo.config import load_config
+    cfg = load_config(CONFIG, [f"federation.rounds={rounds}", f"federation.eval_every={rounds}",
+                               f"engine.workers={workers}"])
+    if engine == "local":
+        from fedsilo.runs.runner import run_experiment
+        run_experiment(cfg, out, show_progress=False)
+    else:
+        from fedsilo.engines.flower.simulation import run_simulation
+        run_simulation(cfg, out, show_progress=False)
+
+
+def measure(name: str, rounds: int) -> dict:
+    engine, workers, threads = VARIANTS[name]
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run"
+        start = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, __file__, "--child", engine, "--workers", str(workers),
+                                 "--out", str(out), "--rounds", str(rounds)], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        peak = [0]
+
+        def sample() -> None:
+            while proc.poll() is None:
+                peak[0] = max(peak[0], tree_rss(proc.pid))
+                time.sleep(0.2)
+
+        t = threading.Thread(target=sample)
+        t.start()
+        _, err = proc.communicate()
+        t.join()
+        if proc.returncode != 0:
+            raise RuntimeError(f"{name} failed (exit {proc.returncode}):\n{err.decode()[-2000:]}")
+        logged = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+        later = [r["seconds"] for r in logged[1:]] or [logged[0]["seconds"]]
+        return {"round": sum(later) / len(later), "first_round": logged[0]["seconds"],
+                "wall": time.perf_counter() - start, "peak_mib": peak[0] / 2**20}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--child", choices=("local", "flower-sim"))
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child, args.workers, args.out, args.rounds)
+        return
+    print(f"$ python bench/parallel_clients.py --rounds {args.rounds}")
+    print(f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} CPU cores; "
+          f"{CONFIG.relative_to(ROOT)}, {args.rounds} rounds")
+    res = {name: measure(name, args.rounds) for name in VARIANTS}
+    base = res["in-process, workers=1"]["round"]
+    print("\n| engine | round s (rounds 2..) | first round s | wall s | peak MiB | workers=1 round / this round |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for name, r in res.items():
+        print(f"| {name} | {r['round']:.2f} | {r['first_round']:.2f} | {r['wall']:.1f} | {r['peak_mib']:.0f} | "
+              f"{base / r['round']:.2f}× |")
+    w2, sim = res["in-process, workers=2"]["round"], res["Flower simulation"]["round"]
+    print(f"\nworkers=2 vs workers=1: {base / w2:.2f}× faster per round (target ≥ 1.6×)")
+    print(f"workers=2 vs Flower simulation: {sim / w2:.2f}× faster per round (target ≥ 2×)")
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=2))
+
+
+if __name__ == "__main__":
+    main()
