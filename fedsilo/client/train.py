@@ -61,6 +61,15 @@ class LocalResult:
     seconds: float = 0.0
 
 
+def to_device(batch: Mapping, device: torch.device) -> dict:
+    """The batch's tensors on `device`. To a GPU from pinned memory without blocking: a pageable
+    copy would wait for the GPU to drain, so padding the next batch could not overlap the last step."""
+    if device.type != "cuda":
+        return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    return {k: v.pin_memory().to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+            for k, v in batch.items()}
+
+
 def param_groups(params: Mapping[str, torch.nn.Parameter], lr: float,
                  lr_overrides: Mapping[str, float]) -> list[dict]:
     """The trainable parameters in one optimiser group per learning rate, `lr`'s first, each in
@@ -144,8 +153,7 @@ def train_local(
             starts = range(0, len(order), batch_size)
             per_epoch = len(starts)
             for i, s in enumerate(starts):
-                batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v
-                         for k, v in collate([examples[j] for j in order[s:s + batch_size]]).items()}
+                batch = to_device(collate([examples[j] for j in order[s:s + batch_size]]), device)
                 with autocast(precision, device):
                     terms = objective_terms(loss_fn(model, batch), params, anchor, regularizers)
                     total = sum(terms.values())
