@@ -130,6 +130,13 @@ def pad_rows(rows: Sequence[torch.Tensor], value: int) -> torch.Tensor:
     return out
 
 
+def pad_seq2seq(rows: Sequence[Mapping[str, torch.Tensor]], pad_id: int) -> dict[str, torch.Tensor]:
+    """A seq2seq batch from rows of `input_ids` and `labels`: ids padded with `pad_id`, labels with -100."""
+    ids = [r["input_ids"] for r in rows]
+    return {"input_ids": pad_rows(ids, pad_id), "attention_mask": attention_mask(ids),
+            "labels": pad_rows([r["labels"] for r in rows], -100)}
+
+
 def attention_mask(rows: Sequence[torch.Tensor]) -> torch.Tensor:
     lengths = torch.tensor([int(r.shape[0]) for r in rows])
     return (torch.arange(int(lengths.max()) if len(rows) else 0)[None, :] < lengths[:, None]).long()

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from fedsilo.tasks.base import Column, MetricSpec, Metrics, fixed_subsample
-from fedsilo.tasks.tokens import RowMemo, attention_mask, pad_rows, sorted_batches
+from fedsilo.tasks.tokens import RowMemo, pad_seq2seq, sorted_batches
 
 from .data import DISPLAY, DataError, Example, load_silo
 from .metrics import EXEC_DB, exact_match, execution_match
@@ -158,9 +158,7 @@ class Text2SQLTask:
                 for src, tgt in zip(sources, targets)]
 
     def pad(self, rows: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        ids = [r["input_ids"] for r in rows]
-        return {"input_ids": pad_rows(ids, self.tokenizer.pad_token_id), "attention_mask": attention_mask(ids),
-                "labels": pad_rows([r["labels"] for r in rows], -100)}
+        return pad_seq2seq(rows, self.tokenizer.pad_token_id)
 
     def token_settings(self) -> dict:
         return {"max_source_length": self.settings.max_source_length,

@@ -16,7 +16,7 @@ import torch
 
 from fedsilo.datafetch import default_data_root
 from fedsilo.tasks.base import fixed_subsample
-from fedsilo.tasks.tokens import RowMemo, attention_mask, pad_rows, sorted_batches
+from fedsilo.tasks.tokens import RowMemo, pad_seq2seq, sorted_batches
 
 from .data import DISPLAY, DataError, Pair, load_domain
 from .metrics import SPEC, bleu_stats, signatures
@@ -92,9 +92,7 @@ class TranslationTask:
         return [{"input_ids": torch.tensor(a), "labels": torch.tensor(b)} for a, b in zip(sources, targets)]
 
     def pad(self, rows: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        ids = [r["input_ids"] for r in rows]
-        return {"input_ids": pad_rows(ids, self.tokenizer.pad_token_id), "attention_mask": attention_mask(ids),
-                "labels": pad_rows([r["labels"] for r in rows], -100)}
+        return pad_seq2seq(rows, self.tokenizer.pad_token_id)
 
     def token_settings(self) -> dict:
         return {"max_source_length": self.settings.max_source_length,
