@@ -70,31 +70,36 @@ def tree_rss(root: int) -> int:
     return sum(rss.get(pid, 0) for pid in members)
 
 
+def run_with_peak(cmd: list[str], env: dict) -> tuple[subprocess.Popen, bytes, int]:
+    """Run `cmd`; (the finished process, its stderr, the peak resident bytes of its process tree)."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    peak = [0]
+
+    def sample() -> None:
+        while proc.poll() is None:
+            peak[0] = max(peak[0], tree_rss(proc.pid))
+            time.sleep(0.2)
+
+    t = threading.Thread(target=sample)
+    t.start()
+    _, err = proc.communicate()
+    t.join()
+    return proc, err, peak[0]
+
+
 def measure(engine: str, args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
         start = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, __file__, "--child", engine, "--out", str(out),
-                                 "--rounds", str(args.rounds), "--max-train", str(args.max_train)],
-                                env={**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "OMP_NUM_THREADS": "1"},
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        peak = [0]
-
-        def sample() -> None:
-            while proc.poll() is None:
-                peak[0] = max(peak[0], tree_rss(proc.pid))
-                time.sleep(0.2)
-
-        t = threading.Thread(target=sample)
-        t.start()
-        proc.wait()
-        t.join()
+        proc, _, peak = run_with_peak([sys.executable, __file__, "--child", engine, "--out", str(out), "--rounds",
+                                       str(args.rounds), "--max-train", str(args.max_train)],
+                                      {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "OMP_NUM_THREADS": "1"})
         wall = time.perf_counter() - start
         if proc.returncode != 0:
             raise RuntimeError(f"{engine} failed (exit {proc.returncode})")
         rounds = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
         in_rounds = sum(r["seconds"] for r in rounds)
-        return {"wall": wall, "round": in_rounds / len(rounds), "outside": wall - in_rounds, "peak_mb": peak[0] / 2**20}
+        return {"wall": wall, "round": in_rounds / len(rounds), "outside": wall - in_rounds, "peak_mb": peak / 2**20}
 
 
 def main() -> None:

@@ -14,15 +14,13 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from flower_engines import tree_rss  # noqa: E402
+from flower_engines import run_with_peak  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "experiments" / "lorar" / "small.toml"
@@ -55,26 +53,14 @@ def measure(name: str, rounds: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
         start = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, __file__, "--child", engine, "--workers", str(workers),
-                                 "--out", str(out), "--rounds", str(rounds)], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        peak = [0]
-
-        def sample() -> None:
-            while proc.poll() is None:
-                peak[0] = max(peak[0], tree_rss(proc.pid))
-                time.sleep(0.2)
-
-        t = threading.Thread(target=sample)
-        t.start()
-        _, err = proc.communicate()
-        t.join()
+        proc, err, peak = run_with_peak([sys.executable, __file__, "--child", engine, "--workers", str(workers),
+                                         "--out", str(out), "--rounds", str(rounds)], env)
         if proc.returncode != 0:
             raise RuntimeError(f"{name} failed (exit {proc.returncode}):\n{err.decode()[-2000:]}")
         logged = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
         later = [r["seconds"] for r in logged[1:]] or [logged[0]["seconds"]]
         return {"round": sum(later) / len(later), "first_round": logged[0]["seconds"],
-                "wall": time.perf_counter() - start, "peak_mib": peak[0] / 2**20}
+                "wall": time.perf_counter() - start, "peak_mib": peak / 2**20}
 
 
 def main() -> None:
