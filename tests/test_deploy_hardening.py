@@ -117,6 +117,32 @@ def test_a_run_directory_in_use_is_refused_at_once(tmp_path, monkeypatch, capsys
             assert err.startswith(f"fedsilo: error: {out} is in use") and err.count("\n") == 1, (argv, err)
 
 
+def test_a_forked_child_does_not_keep_the_run_locked(tmp_path):
+    """flock is shared with forked children; they close their copy, so a run that dies without
+    unlocking (SIGKILL) frees its directory even while a child of it (a worker) lives on."""
+    import os
+    import signal
+
+    out = tmp_path / "run"
+    read, write = os.pipe()
+    taker = os.fork()
+    if taker == 0:  # takes the lock, forks a child that lives on, and dies without unlocking
+        lock = RunLock(out).acquire()  # noqa: F841 (held until the exit)
+        child = os.fork()
+        if child == 0:
+            signal.pause()
+        os.write(write, str(child).encode())
+        os._exit(0)
+    os.close(write)
+    child = int(os.read(read, 32))
+    os.waitpid(taker, 0)
+    try:
+        with RunLock(out):
+            pass
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
 def test_serve_locks_unless_its_submitter_holds_the_lock(tmp_path, monkeypatch):
     """The ServerApp of `fedsilo deploy` trusts the command's token; any other (flower-sim, a
     direct `flwr run`) holds the lock itself, and fails if someone else does."""

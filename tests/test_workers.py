@@ -8,11 +8,16 @@ a regulariser's mean, 1.3e-7 relative), so figures are compared to 1e-6 relative
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from fedsilo.config import validate
+from fedsilo.config import to_toml, validate
 from fedsilo.engines import workers as workers_mod
 from fedsilo.runs.runner import run_experiment
 
@@ -20,6 +25,7 @@ from tests import mtoy
 from tests.synth import tiny_config, write_silos
 from tests.test_plugins import toy_config
 
+ROOT = Path(__file__).resolve().parents[1]
 VOLATILE = {"seconds", "eval_seconds", "phase_seconds"}
 
 
@@ -116,3 +122,50 @@ def test_auto_is_one_worker_per_core_capped_by_clients():
     assert workers_mod.resolve_workers("auto", cpu, 1) == 1
     assert workers_mod.resolve_workers(3, cpu, 2) == 2
     assert 1 <= workers_mod.resolve_workers("auto", cpu, 64) <= workers_mod.MAX_AUTO_CPU_WORKERS
+
+
+def children_of(pid: int) -> set[int]:
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.add(int(stat.parent.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads worker pids from /proc (Linux)")
+def test_kill_9_ends_the_workers_and_frees_the_run_directory(tmp_path):
+    """A SIGKILLed run leaves no worker behind, and no worker keeps its run directory locked."""
+    from fedsilo.runs.lock import RunLock
+
+    config = tmp_path / "exp.toml"
+    config.write_text(to_toml(toy_config(federation={"rounds": 500}, engine={"workers": 2})))
+    out = tmp_path / "run"
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "fedsilo", "run", str(config), "--out", str(out), "--no-progress"],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        while not (out / "rounds.jsonl").exists() or not (out / "rounds.jsonl").read_text():
+            assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
+            time.sleep(0.05)
+        workers = {pid for pid in children_of(proc.pid) if alive(pid)}
+        assert len(workers) >= 2
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 120  # a bound for a failure, not a timing: the kernel kills them at once
+    while any(alive(p) for p in workers):
+        assert time.monotonic() < deadline, f"workers outlived the run: {[p for p in workers if alive(p)]}"
+        time.sleep(0.05)
+    with RunLock(out):
+        pass

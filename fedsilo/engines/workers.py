@@ -14,8 +14,11 @@ config (`fedsilo.runs.build`), worker k on GPU k mod the GPU count.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import multiprocessing as mp
 import os
+import signal
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -90,8 +93,9 @@ _CLIENTS: dict = {}      # name → SiloClient: inherited by fork, or built by `
 _STEPS = None            # queue of finished optimiser steps, for the parent's progress bar
 
 
-def _init_worker(threads: int, steps, spawn_from: dict | None, counter) -> None:
+def _init_worker(threads: int, steps, spawn_from: dict | None, counter, parent: int) -> None:
     global _STEPS, _CLIENTS
+    _die_with(parent)
     torch.set_num_threads(threads)
     _STEPS = steps
     if spawn_from is not None:
@@ -99,6 +103,18 @@ def _init_worker(threads: int, steps, spawn_from: dict | None, counter) -> None:
             rank = counter.value
             counter.value += 1
         _CLIENTS = _build(spawn_from, rank)
+
+
+def _die_with(parent: int) -> None:
+    """Exit when the run's process dies, even by SIGKILL: an orphaned worker would idle forever,
+    holding its memory (Linux; elsewhere the worker ends when the pool's queue breaks)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:          # the parent died before prctl took effect
+        os._exit(1)
 
 
 def _build(config: dict, rank: int) -> dict:
@@ -140,7 +156,7 @@ class WorkerPool:
         _CLIENTS = clients  # what fork children inherit
         self.pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
                                         initargs=(threads, self.steps, config if method == "spawn" else None,
-                                                  ctx.Value("i", 0)))
+                                                  ctx.Value("i", 0), os.getpid()))
 
     def run_round(self, server: Server, clients: dict, sampled: Sequence[str], round_idx: int, seed: int,
                   progress: Progress | None) -> None:

@@ -6,6 +6,9 @@ the process that held it (a killed run never leaves a stale lock behind).
 
 `fedsilo deploy` holds the lock in the command's own process and hands a token to the ServerApp it
 submits (another process): the ServerApp trusts a lock file holding that token instead of locking.
+
+An `flock` is shared by every process that inherits its descriptor, so a forked child (a client
+worker) closes its copy: otherwise workers orphaned by a `kill -9` would keep the directory locked.
 """
 from __future__ import annotations
 
@@ -15,6 +18,20 @@ import uuid
 from pathlib import Path
 
 from .rundir import RunDirError
+
+
+_HELD: set["RunLock"] = set()   # the locks this process holds
+
+
+def _drop_inherited_locks() -> None:
+    """In a forked child: close the inherited lock descriptors (the parent's lock stays held)."""
+    for lock in list(_HELD):
+        lock._fh.close()
+        lock._fh = None
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_drop_inherited_locks)
 
 
 class RunLocked(RunDirError):
@@ -48,6 +65,7 @@ class RunLock:
         fh.write(f"{os.getpid()} {self.token}\n")
         fh.flush()
         self._fh = fh
+        _HELD.add(self)
         return self
 
     def release(self) -> None:
@@ -55,6 +73,7 @@ class RunLock:
             fcntl.flock(self._fh, fcntl.LOCK_UN)
             self._fh.close()
             self._fh = None
+            _HELD.discard(self)
 
     def __enter__(self) -> "RunLock":
         return self.acquire()
