@@ -117,6 +117,29 @@ def test_a_failing_client_fails_the_run_with_its_error(tmp_path):
         run_experiment(cfg, tmp_path / "run", show_progress=False)
 
 
+def test_a_free_worker_takes_the_next_client_while_an_earlier_one_trains(tmp_path, monkeypatch):
+    """alpha trains until gamma has started: with workers = 2, beta's worker must take gamma without
+    waiting for alpha's update to be folded (forked workers inherit the patched fit)."""
+    from fedsilo.client.silo import SiloClient
+
+    fit, marks = SiloClient.fit, tmp_path / "marks"
+    marks.mkdir()
+
+    def observed_fit(self, round_idx, *args, **kwargs):
+        if self.name == "gamma":
+            (marks / f"gamma-{round_idx}").touch()
+        if self.name == "alpha":
+            deadline = time.monotonic() + 300  # bounds a failure only: gamma starts at once when it works
+            while not (marks / f"gamma-{round_idx}").exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            (marks / f"alpha-saw-gamma-{round_idx}").write_text(str((marks / f"gamma-{round_idx}").exists()))
+        return fit(self, round_idx, *args, **kwargs)
+
+    monkeypatch.setattr(SiloClient, "fit", observed_fit)
+    run_experiment(toy_config(engine={"workers": 2}), tmp_path / "run", show_progress=False)
+    assert [(marks / f"alpha-saw-gamma-{r}").read_text() for r in (1, 2)] == ["True", "True"]
+
+
 def test_auto_is_one_worker_per_core_capped_by_clients():
     cpu = torch.device("cpu")
     assert workers_mod.resolve_workers("auto", cpu, 1) == 1

@@ -5,8 +5,9 @@ Results equal one-after-another training: a client's round depends only on what 
 stored state and its seed, and the parent folds the updates into the aggregate in the sampled
 order. The parent keeps the only client store: it sends each job the client's state and saves the
 state the job returns, so disk and memory stores, private tensors, personal models and optimiser
-state work unchanged. At most `workers` jobs are in flight, so memory grows by about one model per
-worker (its working model and the tensors of its job), not per client.
+state work unchanged. A free worker takes the next client at once; at most `workers` jobs run and at
+most `workers` finished ones wait for their turn to be folded, so memory grows by about one model
+per worker (its working model and the tensors of its jobs), not per client.
 
 Workers are forked from the parent on CPU (they inherit the task, its tokenised silos and the
 clients); with CUDA, which cannot be forked, they are spawned and build the same parts from the
@@ -21,7 +22,7 @@ import os
 import signal
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 
 import torch
@@ -160,28 +161,29 @@ class WorkerPool:
 
     def run_round(self, server: Server, clients: dict, sampled: Sequence[str], round_idx: int, seed: int,
                   progress: Progress | None) -> None:
-        """Train `sampled` in the pool; fold each update (and save each state) in the sampled order."""
+        """Train `sampled` in the pool and fold each update (and save each state) in the sampled order.
+
+        A worker takes the next client as soon as it is free, not when the client before it in the
+        order is folded; finished jobs wait for their turn, at most `workers` of them, so memory stays
+        bounded by the worker count, not the client count."""
         drain = _StepCounter(self.steps, progress) if progress else None
-        pending: dict[str, Future] = {}
         queue = list(sampled)
-
-        def submit_next() -> None:
-            name = queue.pop(0)
-            state = clients[name].store.get(name)
-            pending[name] = self.pool.submit(_fit, name, round_idx, pack(server.payload(name)),
-                                             pack_state(state), seed)
-
+        running: dict[Future, str] = {}
+        finished: dict[str, Future] = {}
         try:
-            while queue and len(pending) < self.workers:
-                submit_next()
             for name in sampled:
+                while name not in finished:
+                    while queue and len(running) < self.workers and len(running) + len(finished) < 2 * self.workers:
+                        nxt = queue.pop(0)
+                        running[self.pool.submit(_fit, nxt, round_idx, pack(server.payload(nxt)),
+                                                 pack_state(clients[nxt].store.get(nxt)), seed)] = nxt
+                    done, _ = wait(running, return_when=FIRST_COMPLETED)
+                    finished.update((running.pop(f), f) for f in done)
                 try:
-                    update, state = pending.pop(name).result()
+                    update, state = finished.pop(name).result()
                 except BrokenProcessPool:
                     raise RuntimeError(f"round {round_idx}: a worker process died while training {name} (out of "
                                        "memory?); set engine.workers = 1 to train one client at a time") from None
-                if queue:
-                    submit_next()
                 update = ClientUpdate(unpack(update.tensors), update.n_examples, update.stats, update.steps,
                                       update.losses, update.seconds)
                 state = unpack_state(state)
@@ -191,7 +193,7 @@ class WorkerPool:
                 if reason and progress:
                     progress.warn(f"round {round_idx}: rejected {name}: {reason}")
         finally:
-            for f in pending.values():
+            for f in running:
                 f.cancel()
             if drain:
                 drain.stop()
