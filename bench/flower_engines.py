@@ -48,50 +48,60 @@ def child(engine: str, out: Path, rounds: int, max_train: int) -> None:
             dep.run(config, out)
 
 
-def tree_rss(root: int) -> int:
-    """Resident bytes of `root` and all its descendants."""
+def _kib(path: Path, field: str) -> int:
+    for line in path.read_text().splitlines():
+        if line.startswith(field):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def tree_memory(root: int) -> tuple[int, int]:
+    """Resident and proportional (PSS) bytes of `root` and all its descendants. RSS counts a page
+    shared by forked processes in each of them; PSS splits it between them, so its sum is what the
+    tree really holds."""
     parents: dict[int, int] = {}
-    rss: dict[int, int] = {}
     for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            stat = (p / "stat").read_text()
-            parents[int(p.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-            for line in (p / "status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    rss[int(p.name)] = int(line.split()[1]) * 1024
-        except (OSError, ValueError, IndexError):
-            continue
+        if p.name.isdigit():
+            try:
+                parents[int(p.name)] = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
     members, frontier = {root}, [root]
     while frontier:
         frontier = [pid for pid, ppid in parents.items() if ppid in frontier and pid not in members]
         members.update(frontier)
-    return sum(rss.get(pid, 0) for pid in members)
+    rss = pss = 0
+    for pid in members:
+        try:
+            rss += _kib(Path(f"/proc/{pid}/status"), "VmRSS:")
+            pss += _kib(Path(f"/proc/{pid}/smaps_rollup"), "Pss:")
+        except OSError:
+            continue
+    return rss, pss
 
 
-def run_with_peak(cmd: list[str], env: dict) -> tuple[subprocess.Popen, bytes, int]:
-    """Run `cmd`; (the finished process, its stderr, the peak resident bytes of its process tree)."""
+def run_with_peak(cmd: list[str], env: dict) -> tuple[subprocess.Popen, bytes, int, int]:
+    """Run `cmd`; (the finished process, its stderr, the peak RSS and peak PSS bytes of its tree)."""
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    peak = [0]
+    peak = [0, 0]
 
     def sample() -> None:
         while proc.poll() is None:
-            peak[0] = max(peak[0], tree_rss(proc.pid))
+            peak[:] = map(max, peak, tree_memory(proc.pid))
             time.sleep(0.2)
 
     t = threading.Thread(target=sample)
     t.start()
     _, err = proc.communicate()
     t.join()
-    return proc, err, peak[0]
+    return proc, err, peak[0], peak[1]
 
 
 def measure(engine: str, args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
         start = time.perf_counter()
-        proc, _, peak = run_with_peak([sys.executable, __file__, "--child", engine, "--out", str(out), "--rounds",
+        proc, _, peak, _ = run_with_peak([sys.executable, __file__, "--child", engine, "--out", str(out), "--rounds",
                                        str(args.rounds), "--max-train", str(args.max_train)],
                                       {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "OMP_NUM_THREADS": "1"})
         wall = time.perf_counter() - start

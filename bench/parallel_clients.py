@@ -1,10 +1,14 @@
 """Per-round wall time of the 8-silo text-to-SQL demo: clients one after another (engine.workers = 1)
 vs a round's clients in parallel worker processes (engine.workers = 2), vs Flower's simulation on
 the same workload — each engine in a fresh child process, one after another, on this machine.
+A fifth variant runs workers = 1 as the engine was before issue 11 (batches shuffled and
+re-tokenised every epoch) to show what tokenise-once and length grouping alone give.
 
 The workload is experiments/lorar/small.toml (8 silos × 64 examples, tiny-t5, FedOPT + Lorar) with
 `--rounds` rounds and one evaluation at the end. Round time is rounds.jsonl's `seconds` (send,
 train, receive, aggregate), averaged over rounds 2.. (round 1 also starts the worker pool or Ray).
+Memory is the peak of the whole process tree, as RSS (a page shared by forked workers counts once
+per process) and as PSS (shared pages split between the processes: what the tree really holds).
 
     python bench/parallel_clients.py [--rounds 3] [--json out.json]
 """
@@ -24,19 +28,21 @@ from flower_engines import run_with_peak  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "experiments" / "lorar" / "small.toml"
-# name → (engine, workers, torch threads per process)
+BEFORE_ISSUE_11 = ["client.batching=shuffle", "engine.token_cache=false"]
+# name → (engine, workers, torch threads per process, further overrides)
 VARIANTS = {
-    "in-process, workers=1": ("local", 1, None),
-    "in-process, workers=1, 1 thread": ("local", 1, 1),
-    "in-process, workers=2": ("local", 2, None),
-    "Flower simulation": ("flower-sim", 1, 1),
+    "in-process, workers=1, before issue 11": ("local", 1, None, BEFORE_ISSUE_11),
+    "in-process, workers=1": ("local", 1, None, []),
+    "in-process, workers=1, 1 thread": ("local", 1, 1, []),
+    "in-process, workers=2": ("local", 2, None, []),
+    "Flower simulation": ("flower-sim", 1, 1, []),
 }
 
 
-def child(engine: str, workers: int, out: Path, rounds: int) -> None:
+def child(engine: str, workers: int, out: Path, rounds: int, overrides: list[str]) -> None:
     from fedsilo.config import load_config
     cfg = load_config(CONFIG, [f"federation.rounds={rounds}", f"federation.eval_every={rounds}",
-                               f"engine.workers={workers}"])
+                               f"engine.workers={workers}", *overrides])
     if engine == "local":
         from fedsilo.runs.runner import run_experiment
         run_experiment(cfg, out, show_progress=False)
@@ -46,21 +52,22 @@ def child(engine: str, workers: int, out: Path, rounds: int) -> None:
 
 
 def measure(name: str, rounds: int) -> dict:
-    engine, workers, threads = VARIANTS[name]
+    engine, workers, threads, overrides = VARIANTS[name]
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
         start = time.perf_counter()
-        proc, err, peak = run_with_peak([sys.executable, __file__, "--child", engine, "--workers", str(workers),
-                                         "--out", str(out), "--rounds", str(rounds)], env)
+        proc, err, rss, pss = run_with_peak([sys.executable, __file__, "--child", engine, "--workers",
+                                             str(workers), "--out", str(out), "--rounds", str(rounds),
+                                             *[f"--set={o}" for o in overrides]], env)
         if proc.returncode != 0:
             raise RuntimeError(f"{name} failed (exit {proc.returncode}):\n{err.decode()[-2000:]}")
         logged = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
         later = [r["seconds"] for r in logged[1:]] or [logged[0]["seconds"]]
         return {"round": sum(later) / len(later), "first_round": logged[0]["seconds"],
-                "wall": time.perf_counter() - start, "peak_mib": peak / 2**20}
+                "wall": time.perf_counter() - start, "rss_mib": rss / 2**20, "pss_mib": pss / 2**20}
 
 
 def main() -> None:
@@ -69,21 +76,28 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--set", action="append", default=[], help=argparse.SUPPRESS)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if args.child:
-        child(args.child, args.workers, args.out, args.rounds)
+        child(args.child, args.workers, args.out, args.rounds, args.set)
         return
     print(f"$ python bench/parallel_clients.py --rounds {args.rounds}")
     print(f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} CPU cores; "
           f"{CONFIG.relative_to(ROOT)}, {args.rounds} rounds")
-    res = {name: measure(name, args.rounds) for name in VARIANTS}
+    res = {}
+    for name in VARIANTS:
+        print(f"running {name} …", file=sys.stderr, flush=True)
+        res[name] = measure(name, args.rounds)
     base = res["in-process, workers=1"]["round"]
-    print("\n| engine | round s (rounds 2..) | first round s | wall s | peak MiB | workers=1 round / this round |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    print("\n| engine | round s (rounds 2..) | first round s | wall s | peak RSS MiB | peak PSS MiB | "
+          "workers=1 round / this round |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, r in res.items():
-        print(f"| {name} | {r['round']:.2f} | {r['first_round']:.2f} | {r['wall']:.1f} | {r['peak_mib']:.0f} | "
-              f"{base / r['round']:.2f}× |")
+        print(f"| {name} | {r['round']:.2f} | {r['first_round']:.2f} | {r['wall']:.1f} | {r['rss_mib']:.0f} | "
+              f"{r['pss_mib']:.0f} | {base / r['round']:.2f}× |")
+    before = res["in-process, workers=1, before issue 11"]["round"]
+    print(f"\ntokenise once + length grouping (workers=1): {before / base:.2f}× faster per round")
     w2, sim = res["in-process, workers=2"]["round"], res["Flower simulation"]["round"]
     print(f"\nworkers=2 vs workers=1: {base / w2:.2f}× faster per round (target ≥ 1.6×)")
     print(f"workers=2 vs Flower simulation: {sim / w2:.2f}× faster per round (target ≥ 2×)")
