@@ -17,6 +17,7 @@ from fedsilo.cli import main
 from fedsilo.config import ConfigError, to_toml
 from fedsilo.core.server_opt import ServerOptimizer
 from fedsilo.server import ClientUpdate, Server
+from tests.killed_run import past_round_1
 from tests.test_plugins import rounds_of, toy_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -440,15 +441,5 @@ def test_kill_9_mid_run_resumes_bit_identical(tmp_path):
 
 
 def _kill_after_round_1(config: Path, out: Path) -> None:
-    import signal
-
-    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "fedsilo", "run", str(config), "--out", str(out), "--no-progress"],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        while not (out / "rounds.jsonl").exists() or not (out / "rounds.jsonl").read_text():
-            assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
-            time.sleep(0.05)
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+    with past_round_1(config, out, OMP_NUM_THREADS="1"):
+        pass

@@ -8,9 +8,6 @@ a regulariser's mean, 1.3e-7 relative), so figures are compared to 1e-6 relative
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,10 +19,10 @@ from fedsilo.engines import workers as workers_mod
 from fedsilo.runs.runner import run_experiment
 
 from tests import mtoy
+from tests.killed_run import past_round_1
 from tests.synth import tiny_config, write_silos
 from tests.test_plugins import toy_config
 
-ROOT = Path(__file__).resolve().parents[1]
 VOLATILE = {"seconds", "eval_seconds", "phase_seconds"}
 
 
@@ -174,18 +171,9 @@ def test_kill_9_ends_the_workers_and_frees_the_run_directory(tmp_path):
     config = tmp_path / "exp.toml"
     config.write_text(to_toml(toy_config(federation={"rounds": 500}, engine={"workers": 2})))
     out = tmp_path / "run"
-    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "fedsilo", "run", str(config), "--out", str(out), "--no-progress"],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        while not (out / "rounds.jsonl").exists() or not (out / "rounds.jsonl").read_text():
-            assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
-            time.sleep(0.05)
+    with past_round_1(config, out) as proc:
         workers = {pid for pid in children_of(proc.pid) if alive(pid)}
         assert len(workers) >= 2
-    finally:
-        proc.kill()
-        proc.wait()
     deadline = time.monotonic() + 120  # a bound for a failure, not a timing: the kernel kills them at once
     while any(alive(p) for p in workers):
         assert time.monotonic() < deadline, f"workers outlived the run: {[p for p in workers if alive(p)]}"

@@ -52,7 +52,7 @@ class LocalEngine:
         self.cfg, self.task, self.model, self.store = cfg, task, model, store
         self.plan = exchange_plan(cfg)
         self.initial = initial_private(model, self.plan)
-        self.clients = build_clients(cfg, task, model, store)
+        self.clients = build_clients(cfg, task, model, store, self.initial)
         self.device = next(model.parameters()).device
         self.workers = resolve_workers(cfg.engine.workers, self.device, len(self.clients))
         self._pool: WorkerPool | None = None

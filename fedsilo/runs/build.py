@@ -158,9 +158,12 @@ def build_client(cfg: RunConfig, task, model, store: ClientStore, name: str, ind
         raise ConfigError(f"client.objective = {client_cfg.objective!r}: {err}") from None
 
 
-def build_clients(cfg: RunConfig, task, model, store: ClientStore) -> dict[str, SiloClient]:
-    """Every participant over the one working `model` (members' order: the silo index of each)."""
-    initial = initial_private(model, exchange_plan(cfg))
+def build_clients(cfg: RunConfig, task, model, store: ClientStore,
+                  initial: Tensors | None = None) -> dict[str, SiloClient]:
+    """Every participant over the one working `model` (members' order: the silo index of each),
+    sharing one copy of the `initial` private tensors (taken from the model when not given)."""
+    if initial is None:
+        initial = initial_private(model, exchange_plan(cfg))
     return {name: build_client(cfg, task, model, store, name, i, examples, ccfg, initial)
             for i, (name, examples, ccfg) in enumerate(members(cfg, task))}
 
