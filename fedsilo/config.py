@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError,
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, ValidationInfo,
                       create_model, field_validator, model_validator)
 
 from fedsilo.client import pseudo as _pseudo  # noqa: F401  (registers the pseudo_labels hook)
@@ -244,14 +244,18 @@ class EngineConfig(Strict):
         "auto", description="worker processes training a round's clients at once, each with its own working "
                             "model and a share of the threads; 1: one after another in this process; auto: "
                             "one per CPU core (at most 4), or one per GPU")
+    threads: int | Literal["auto"] = Field(
+        "auto", description="CPU threads torch uses for training and evaluation, in all: one process uses them "
+                            "all, each of `workers` worker processes gets threads // workers (at least 1); "
+                            "auto: torch's own choice, the cores this process may use (OMP_NUM_THREADS if set)")
     token_cache: bool = Field(True, description="keep each silo's tokenised examples on disk ($FEDSILO_CACHE_DIR, "
                                                 "else ~/.cache/fedsilo), keyed by tokenizer, settings and text")
 
-    @field_validator("workers")
+    @field_validator("workers", "threads", mode="before")  # before: pydantic would take `true` as 1
     @classmethod
-    def _positive_workers(cls, v: int | str) -> int | str:
+    def _positive_count(cls, v: int | str, info: ValidationInfo) -> int | str:
         if isinstance(v, int) and (isinstance(v, bool) or v < 1):
-            raise ValueError("engine.workers must be a positive count or \"auto\"")
+            raise ValueError(f"engine.{info.field_name} must be a positive count or \"auto\"")
         return v
 
 

@@ -1,14 +1,24 @@
-"""Progress display for long work (rich), silent when disabled (tests, benchmarks)."""
+"""Progress display for long work: live bars (rich), plain lines (`--no-progress`: logs, CI), or
+silent (tests, benchmarks)."""
 from __future__ import annotations
+
+from typing import Literal
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.progress import Progress as RichProgress
 
 
+Display = bool | Literal["lines"]
+"""True: live progress bars; "lines": one plain line per logged event (a finished round, a silo
+started), no bars; False: nothing but warnings."""
+
+
 class Progress:
-    def __init__(self, enabled: bool = True, console: Console | None = None) -> None:
+    def __init__(self, enabled: Display = True, console: Console | None = None) -> None:
         self.console = console or Console(stderr=True, log_path=False)
+        self._lines = enabled == "lines"
+        enabled = enabled is True
         self._bar = RichProgress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TimeRemainingColumn(), console=self.console, transient=False,
@@ -37,6 +47,8 @@ class Progress:
     def log(self, message: str) -> None:
         if self._bar:
             self._bar.console.log(message)
+        elif self._lines:
+            self.console.print(f"fedsilo: {message}", markup=False, highlight=False, soft_wrap=True)
 
     def warn(self, message: str) -> None:
         """Shown also without progress display (rejections, fallbacks, capped metrics)."""

@@ -55,6 +55,15 @@ def test_every_argument_of_every_command_has_help():
     assert ("fedsilo deploy", "--no-progress") in seen and ("fedsilo deploy", "--workdir") in seen
 
 
+def test_top_level_help_names_every_command_and_how_threads_are_chosen(capsys):
+    assert main(["--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    commands = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
+    listed = text.split("COMMAND ", 2)[2].split(" (COMMAND --help")[0]  # the summary line of the commands
+    assert sorted(listed.replace(" or ", ", ").split(", ")) == sorted(commands.choices)
+    assert "engine.threads" in text and "threads // N" in text
+
+
 def test_subcommands_keep_their_options():
     p = parser()
     a = p.parse_args(["deploy", "c.toml", "--set", "a=1", "--set", "b=2", "--out", "o", "--resume",

@@ -84,3 +84,20 @@ def test_a_study_runs_its_variants_and_compares_them(tmp_path, capsys):
 def test_study_cli_errors_are_one_line(tmp_path, capsys):
     assert main(["study", str(tmp_path / "missing.toml")]) == 2
     assert "study file not found" in capsys.readouterr().err
+
+
+def test_no_progress_prints_a_line_per_round_and_per_variant(tmp_path, capsys):
+    """`fedsilo study --no-progress` (make study's logs): no bars, but each finished round and
+    variant is one plain line, so a long study never looks hung."""
+    path = tmp_path / "s.toml"
+    path.write_text(STUDY)
+    assert main(["study", str(path), "--out", str(tmp_path / "study"), "--only", "alone,fedavg",
+                 "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    err, out = captured.err, captured.out
+    assert err.count("fedsilo: round 1/2 done") == 4 and err.count("fedsilo: round 2/2 done") == 4  # 3 silos + fedavg
+    assert err.count("fedsilo: finetuning ") == 3
+    fedavg = json.loads((tmp_path / "study" / "fedavg" / "results.json").read_text())["test"]["macro"]["map"]
+    assert f"toy-study: fedavg done: Overall MAP % {fedavg:.2f}" in out
+    assert "toy-study: alone done: Overall MAP %" in out
+    assert "━" not in err  # no progress bar

@@ -23,7 +23,7 @@ from tests.killed_run import past_round_1
 from tests.synth import tiny_config, write_silos
 from tests.test_plugins import toy_config
 
-VOLATILE = {"seconds", "eval_seconds", "phase_seconds"}
+VOLATILE = {"seconds", "eval_seconds", "phase_seconds", "compute"}  # compute: how it ran, checked apart
 
 
 @pytest.fixture(autouse=True)
@@ -69,6 +69,9 @@ def run_both(tmp_path, cfg: dict) -> None:
         raw = {**cfg, "engine": {**cfg.get("engine", {}), "workers": workers}}
         run_experiment(validate(raw), tmp_path / f"w{workers}", show_progress=False)
     same_run(tmp_path / "w1", tmp_path / "w2")
+    for workers in (1, 2):  # each round records how it ran; auto threads = torch's count here (1)
+        computes = [json.loads(line).get("compute") for line in (tmp_path / f"w{workers}" / "rounds.jsonl").open()]
+        assert computes and all(c == {"workers": workers, "threads_per_client": 1} for c in computes), computes
 
 
 def test_text2sql_lorar_fedopt_on_disk_store(tmp_path):
@@ -180,3 +183,32 @@ def test_kill_9_ends_the_workers_and_frees_the_run_directory(tmp_path):
         time.sleep(0.05)
     with RunLock(out):
         pass
+
+
+def test_engine_threads_sets_torchs_threads_for_the_run_records_them_and_may_change_on_resume(tmp_path, monkeypatch):
+    """engine.threads: one process uses them all, N workers share them (threads // N each); torch's
+    count is put back after the run; rounds.jsonl records it; a resume may change it."""
+    from fedsilo.client.silo import SiloClient
+    seen = []
+    fit = SiloClient.fit
+
+    def observed_fit(self, *args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return fit(self, *args, **kwargs)
+
+    monkeypatch.setattr(SiloClient, "fit", observed_fit)
+    cfg = toy_config(engine={"workers": 1, "threads": 2}, federation={"rounds": 1})
+    run_experiment(cfg, tmp_path / "run", show_progress=False)
+    assert seen == [2, 2, 2] and torch.get_num_threads() == 1
+    assert json.loads((tmp_path / "run" / "rounds.jsonl").read_text())["compute"] == \
+        {"workers": 1, "threads_per_client": 2}
+    # more rounds with other threads: accepted (results depend on threads only in float rounding)
+    more = toy_config(engine={"workers": 1, "threads": 3}, federation={"rounds": 2})
+    run_experiment(more, tmp_path / "run", resume=True, show_progress=False)
+    computes = [json.loads(line)["compute"] for line in (tmp_path / "run" / "rounds.jsonl").open()]
+    assert computes == [{"workers": 1, "threads_per_client": 2}, {"workers": 1, "threads_per_client": 3}]
+    assert 'threads = 3' in (tmp_path / "run" / "config.toml").read_text()
+    # a worker gets its share; a bool is no count
+    assert workers_mod.threads_per_worker(5, 2) == 2 and workers_mod.threads_per_worker(1, 4) == 1
+    with pytest.raises(ValueError, match="engine.threads must be a positive count"):
+        toy_config(engine={"threads": True})

@@ -13,7 +13,7 @@ import torch
 from fedsilo.client.silo import SiloClient, load_tensors
 from fedsilo.client.store import ClientStore
 from fedsilo.config import RunConfig
-from fedsilo.engines.workers import WorkerPool, resolve_workers
+from fedsilo.engines.workers import WorkerPool, resolve_threads, resolve_workers, threads_per_worker
 from fedsilo.models.precision import autocast
 from fedsilo.progress import Progress
 from fedsilo.runs.build import build_clients, exchange_plan, initial_private
@@ -55,6 +55,9 @@ class LocalEngine:
         self.clients = build_clients(cfg, task, model, store, self.initial)
         self.device = next(model.parameters()).device
         self.workers = resolve_workers(cfg.engine.workers, self.device, len(self.clients))
+        self.threads = resolve_threads(cfg.engine.threads)
+        self._threads_before = torch.get_num_threads()
+        torch.set_num_threads(self.threads)  # put back by close()
         self._pool: WorkerPool | None = None
 
     @property
@@ -66,16 +69,22 @@ class LocalEngine:
         return {name: len(c.examples) for name, c in self.clients.items()}
 
     def train_round(self, server: Server, sampled: list[str], round_idx: int, progress: Progress | None) -> dict:
-        if self.workers > 1 and len(sampled) > 1 and self._pool is None:
-            self._pool = WorkerPool(self.clients, min(self.workers, len(sampled)), self.device,
+        parallel = self.workers > 1 and len(sampled) > 1
+        if parallel and self._pool is None:
+            workers = min(self.workers, len(sampled))
+            self._pool = WorkerPool(self.clients, workers, threads_per_worker(self.threads, workers), self.device,
                                     self.cfg.model_dump(exclude_none=True))
-        return run_round(server, self.clients, sampled, round_idx, self.cfg.seed, progress, self._pool)
+        record = run_round(server, self.clients, sampled, round_idx, self.cfg.seed, progress, self._pool)
+        workers = self._pool.workers if parallel else 1
+        record["compute"] = {"workers": workers, "threads_per_client": threads_per_worker(self.threads, workers)}
+        return record
 
     def close(self) -> None:
-        """Stop the worker processes (if any were started)."""
+        """Stop the worker processes (if any were started); torch's thread count as before the run."""
         if self._pool is not None:
             self._pool.close()
             self._pool = None
+        torch.set_num_threads(self._threads_before)
 
     def evaluate(self, server: Server, split: str, progress: Progress | None, final: bool = False) -> list[dict]:
         """Each silo's model (the global tensors with what the silo keeps) on that silo's `split`."""

@@ -47,6 +47,16 @@ def resolve_workers(setting: int | str, device: torch.device, n_clients: int) ->
     return max(1, min(int(setting), n_clients))
 
 
+def resolve_threads(setting: int | str) -> int:
+    """`engine.threads` as a count: the threads of the whole run (auto: torch's own choice, the cores
+    this process may use, or OMP_NUM_THREADS), which one process uses alone or workers share."""
+    return torch.get_num_threads() if setting == "auto" else int(setting)
+
+
+def threads_per_worker(threads: int, workers: int) -> int:
+    return max(1, threads // workers)
+
+
 def start_method(device: torch.device) -> str:
     """fork where it is safe and cheapest (CPU, POSIX); spawn for CUDA, which a fork cannot carry."""
     return "fork" if device.type == "cpu" and "fork" in mp.get_all_start_methods() else "spawn"
@@ -147,13 +157,13 @@ def _fit(name: str, round_idx: int, received: bytes, state, seed: int) -> tuple:
 class WorkerPool:
     """`workers` processes that train clients; started at the first parallel round, closed with the run."""
 
-    def __init__(self, clients: dict, workers: int, device: torch.device, config: dict) -> None:
+    def __init__(self, clients: dict, workers: int, threads: int, device: torch.device, config: dict) -> None:
+        """`threads`: torch threads of each worker."""
         global _CLIENTS
         method = start_method(device)
         ctx = mp.get_context(method)
         self.workers = workers
         self.steps = ctx.SimpleQueue()
-        threads = max(1, torch.get_num_threads() // workers)
         _CLIENTS = clients  # what fork children inherit
         self.pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
                                         initargs=(threads, self.steps, config if method == "spawn" else None,

@@ -16,8 +16,9 @@ import torch
 from fedsilo.config import RunConfig, to_toml
 from fedsilo.fileio import atomic_write, atomic_write_bytes
 
-# Keys that may change between a run and its resume without changing its past.
-RESUMABLE_CHANGES = {("federation", "rounds")}
+# Keys that may change between a run and its resume without changing its past (more rounds; the CPU
+# threads, which each round records in rounds.jsonl as `compute`).
+RESUMABLE_CHANGES = {("federation", "rounds"), ("engine", "threads")}
 
 
 class RunDirError(RuntimeError):
@@ -80,7 +81,7 @@ class RunDir:
                 raise RunDirError(f"{self.config} is not readable: {err}") from None
             if _comparable(saved) != _comparable(cfg.model_dump(exclude_none=True)):
                 raise RunDirError(f"--resume: the config differs from the one in {self.config}; "
-                                  "only federation.rounds may change")
+                                  "only " + " and ".join(f"{a}.{b}" for a, b in sorted(RESUMABLE_CHANGES)) + " may change")
         elif self.checkpoint.exists() or self.rounds.exists() or self.results.exists():
             raise RunDirError(f"{self.path} already holds a run: pass --resume to continue it, or choose "
                               "another --out")

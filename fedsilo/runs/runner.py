@@ -13,7 +13,7 @@ from pathlib import Path
 from fedsilo.client.store import make_store
 from fedsilo.config import RunConfig
 from fedsilo.core.tensors import is_finite
-from fedsilo.progress import Progress
+from fedsilo.progress import Display, Progress
 from fedsilo.server import Server, sample_clients
 from fedsilo.tasks.base import MetricSpec, select_best
 
@@ -189,7 +189,7 @@ def reference_rows(task, name: str, split: str) -> list[dict]:
     return [row for client in task.clients for row in task.reference(name, client, split)]
 
 
-def run_experiment(cfg: RunConfig, out: str | Path, resume: bool = False, show_progress: bool = True) -> dict:
+def run_experiment(cfg: RunConfig, out: str | Path, resume: bool = False, show_progress: Display = True) -> dict:
     """Any paradigm into run directory `out`; returns results.json's content."""
     out = Path(out)
     with RunLock(out), Progress(enabled=show_progress) as progress:

@@ -9,6 +9,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -60,6 +61,8 @@ def silo_for(message: Message, context: Context) -> Silo:
     root = context.node_config.get("state-dir") or Path(tempfile.gettempdir()) / "fedsilo-flower-state" / name
     key = (hashlib.sha256(text.encode()).hexdigest(), str(conf["run-key"]), name, data_dir, str(root))
     if key not in _SILOS:
+        if cfg.engine.threads != "auto":  # each silo is a process of its own: the threads are all its own
+            torch.set_num_threads(cfg.engine.threads)
         # this machine's view: its own silo, its own data folder
         own = cfg.model_copy(update={"task": cfg.task.for_silos([name]).model_copy(update={"data_dir": data_dir})})
         model, tokenizer = build_model(own)

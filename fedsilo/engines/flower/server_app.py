@@ -13,7 +13,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from fedsilo.config import ConfigError, RunConfig, load_config, to_toml
-from fedsilo.progress import Progress
+from fedsilo.progress import Display, Progress
 from fedsilo.server import Server
 
 from .codec import MalformedReply, count, carried_bytes, content_to_rows, content_to_update, to_arrays
@@ -168,7 +168,7 @@ class FlowerEngine:
         self.state_round = int(state["store"]["round"])
 
 
-def serve(grid: Grid, cfg: RunConfig, out: Path, resume: bool, show_progress: bool = True,
+def serve(grid: Grid, cfg: RunConfig, out: Path, resume: bool, show_progress: Display = True,
           lock_token: str = "") -> dict:
     """The whole run (rounds, selection, test, report) with Flower carrying the messages.
 
@@ -180,7 +180,7 @@ def serve(grid: Grid, cfg: RunConfig, out: Path, resume: bool, show_progress: bo
         return _serve(grid, cfg, out, resume, show_progress)
 
 
-def _serve(grid: Grid, cfg: RunConfig, out: Path, resume: bool, show_progress: bool) -> dict:
+def _serve(grid: Grid, cfg: RunConfig, out: Path, resume: bool, show_progress: Display) -> dict:
     from fedsilo.runs.build import build_model, build_server
     from fedsilo.runs.report import write_report
     from fedsilo.runs.rundir import RunDir
@@ -199,7 +199,7 @@ def _serve(grid: Grid, cfg: RunConfig, out: Path, resume: bool, show_progress: b
     return results
 
 
-def make_server_app(cfg: RunConfig, out: Path, resume: bool = False, show_progress: bool = True) -> ServerApp:
+def make_server_app(cfg: RunConfig, out: Path, resume: bool = False, show_progress: Display = True) -> ServerApp:
     """A ServerApp bound to one fedsilo config (simulation from Python, `fedsilo run --engine flower-sim`).
 
     A run directory in use by another run is refused here, before Flower starts its workers."""

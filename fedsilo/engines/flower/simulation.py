@@ -6,9 +6,10 @@ import os
 from pathlib import Path
 
 from fedsilo.config import RunConfig
+from fedsilo.progress import Display
 
 
-def run_simulation(cfg: RunConfig, out: Path, resume: bool = False, show_progress: bool = True) -> dict:
+def run_simulation(cfg: RunConfig, out: Path, resume: bool = False, show_progress: Display = True) -> dict:
     os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
     from flwr.simulation import run_simulation as flwr_run_simulation
 
