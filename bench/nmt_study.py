@@ -26,8 +26,8 @@ DOMAINS = ["news", "ted", "tatoeba", "docs", "ui"]
 LABEL = {"news": "News", "ted": "TED", "tatoeba": "Tatoeba", "docs": "Docs", "ui": "UI"}
 CHAIN = ["ui", "tatoeba", "docs", "ted", "news"]  # the news engine's own domain last
 FL = ["fedavg", "fedavg-r10", "fedavg-r25", "dp_l", "dp_g", "random", "dp_l-33", "dp_g-33", "controllers",
-      "dp_l-rms"]
-OPTIONAL = {"dp_l-rms"}  # beyond the paper: reported when it has run
+      "controllers-8e8d", "dp_l-count"]
+OPTIONAL = {"dp_l-count"}  # the paper's text read literally (θ over tensors): reported when it has run
 NOISE = "fedavg-seed1"  # FedAvg again with another seed: how far apart two runs of one method land
 ORDER = ["generic", "alone", *(f"chained-{i + 1}" for i in range(len(CHAIN))), "combination", "fedavg",
          "finetune-after-fl", *FL[1:-1], NOISE, *OPTIONAL]
@@ -63,6 +63,8 @@ def config_for(name: str, out: Path, scale: str):
         sets.append(f"client.steps={steps or rounds_steps[base]}")
         if base == "controllers":
             sets.append(PAPER_CONTROLLERS)
+        if base == "controllers-8e8d":
+            sets.append("model.surgery.options.after=[0, 5]")  # after the first and last of 6: 8E8D (0-6)
     return EXPERIMENTS / f"{base}.toml", sets
 
 
@@ -151,9 +153,9 @@ def write_doc(out: Path, res: dict[str, dict], doc: Path, scale: str, command: s
                                   for n, name in ((5, "fedavg"), (10, "fedavg-r10"), (25, "fedavg-r25")))]), "",
     ]
     methods6 = ["fedavg", "dp_l", "dp_g", "random", *(m for m in OPTIONAL if m in res)]
-    methods7 = ["dp_l-33", "dp_g-33", "controllers"]
+    methods7 = ["dp_l-33", "dp_g-33", "controllers", "controllers-8e8d"]
     for title, methods in (("Table 6: Dynamic Pulling, upload only", methods6),
-                           ("Table 7: a third of the tensors both ways vs Controllers", methods7)):
+                           ("Table 7: a third of the parameters both ways vs Controllers", methods7)):
         own = [row(f"{m} (clients, own domain)", own_domain(res[m])) for m in methods]
         glob = [row(f"{m} (global)", matrix(res[m])["global"]) for m in methods]
         lines += [f"## {title}\n", "Client rows: each client's model on its own domain (the paper's "

@@ -95,9 +95,10 @@ def test_three_domains_two_rounds_with_dynamic_pulling(dp_run):
     out, results = dp_run
     r1, r2 = rounds_of(out)
     for c in DOMAINS3:
-        assert r1["clients"][c]["params_up"] == r1["clients"][c]["params_down"]  # round 1: everything
-        assert 0 < r2["clients"][c]["params_up"] < r1["clients"][c]["params_up"]
-        assert r2["clients"][c]["bytes_up"] == 4 * r2["clients"][c]["params_up"]
+        for r in (r1, r2):  # a part in every round, the first too (ranked against the start model)
+            share = r["clients"][c]["params_up"] / r["clients"][c]["params_down"]
+            assert 0.3 < share < 0.7, (c, share)
+            assert r["clients"][c]["bytes_up"] == 4 * r["clients"][c]["params_up"]
     assert r2["params_up"] == sum(r2["clients"][c]["params_up"] for c in DOMAINS3)
     rows = results["test"]["rows"]
     assert [r["client"] for r in rows] == DOMAINS3 and all(r["stats"]["n"] == 6 for r in rows)
@@ -198,7 +199,7 @@ def test_dp_l_on_flower_simulation_matches_in_process(tmp_path):
             assert y["clients"][c]["params_up"] == x["clients"][c]["params_up"]
             assert y["clients"][c]["bytes_down"] == x["clients"][c]["bytes_down"]
             assert y["clients"][c]["weight"] == pytest.approx(x["clients"][c]["weight"], rel=1e-6)
-    assert b[1]["params_up"] < b[0]["params_up"]  # round 2 pulled a part only, on Flower too
+    assert all(r["params_up"] < r["params_down"] for r in b)  # a part only, on Flower too
     pa = torch.load(tmp_path / "local" / "checkpoint.pt", weights_only=True)["server"]["params"]
     pb = torch.load(tmp_path / "sim" / "checkpoint.pt", weights_only=True)["server"]["params"]
     for k in pa:

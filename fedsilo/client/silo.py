@@ -137,7 +137,7 @@ class SiloClient:
         with torch.no_grad():
             now = {k: params[k].detach() for k in self.shared_names}
             own = state.slot("own")  # all tensors when the plan keeps everything, else the private ones
-            previous = {k: own[k] for k in self.shared_names} if self.plan.keeps_everything and own else None
+            previous = self._reference(own, received)
             ctx = SelectionContext(round_idx, self.name, self.shared_names, now, previous, seed,
                                    self.plan.upload_options)
             upload = self.plan.choose_upload(ctx)
@@ -155,6 +155,15 @@ class SiloClient:
         # n: the silo's own data (FedAvg's n_k, what it registered), not counting pseudo-labelled extras
         return ClientUpdate(values, len(self.examples), stats, result.steps, result.losses,
                             time.perf_counter() - start)
+
+    def _reference(self, own: Tensors, received: Tensors) -> Tensors | None:
+        """What an upload selector compares this round's tensors with: the client's own at the end of its
+        previous round; in its first round, the model it started from (what it received)."""
+        if not self.plan.keeps_everything:
+            return None
+        if own and all(k in own for k in self.shared_names):
+            return {k: own[k] for k in self.shared_names}
+        return {k: received[k] for k in self.shared_names} if all(k in received for k in self.shared_names) else None
 
     def _private_lrs(self) -> dict[str, float]:
         rate = self.cfg.private_lr

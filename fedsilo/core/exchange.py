@@ -4,7 +4,8 @@ Patterns are fnmatch globs over tensor names. A tensor is *shared* when it match
 `private` pattern; every other tensor is private: it never leaves its client and the client keeps
 it across rounds. Three registered policies decide the rest:
 - upload selector (client side): which shared tensors this client sends this round; it sees the
-  client's tensors now (after training) and at the end of its previous round (Dynamic Pulling);
+  client's tensors now (after training) and at the end of its previous round (Dynamic Pulling; in its
+  first round, the model it started from);
 - download policy (server side): which shared tensors the server sends this client;
 - overwrite policy (client side): which received tensors replace the client's own; the others stay
   the client's (which then keeps them across rounds).
@@ -28,7 +29,8 @@ class SelectionContext:
     client: str
     names: Sequence[str]          # the shared tensors, in model order
     now: Tensors                  # this client's shared tensors after local training
-    previous: Tensors | None      # the same at the end of its previous round (None in its first round)
+    previous: Tensors | None      # the same at the end of its previous round; in its first, what it started
+                                  # from (None: the selector has no reference)
     seed: int = 0
     options: Any = None           # the selector's validated settings (exchange.upload_options)
 

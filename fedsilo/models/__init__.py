@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from fedsilo.registry import Registry
 
+from .controllers import ControllerSettings, apply_controllers
 from .patches import PatchSettings, apply_patches  # torch and pydantic only: transformers stays lazy
 
 # kind(model config, seed, task_tokenizer) -> (model, tokenizer); task_tokenizer() gives the task's own
@@ -29,3 +30,4 @@ def _encoder(cfg, seed, task_tokenizer=None):
 MODEL_KINDS.add("seq2seq", _seq2seq)
 MODEL_KINDS.add("encoder", _encoder)
 SURGERIES.add("patches", apply_patches, PatchSettings)  # FedMatch private patches
+SURGERIES.add("controllers", apply_controllers, ControllerSettings)  # Roosta et al.'s exchanged layers
