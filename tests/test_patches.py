@@ -13,7 +13,7 @@ from fedsilo.models import SURGERIES
 from fedsilo.models.patches import Patch, PatchSettings, apply_patches, patch_parameter_count
 
 KINDS = ("lowrank", "pal")
-INSERTIONS = ("inner", "outer", "vertical", "horizontal")
+INSERTIONS = ("inner", "outer", "vertical", "vertical_code", "horizontal")
 COMBOS = list(itertools.product(KINDS, INSERTIONS))
 D, LAYERS, SIZE = 32, 2, 16
 
@@ -89,7 +89,7 @@ def test_starts_as_the_backbone_then_patches_change_it_and_learn(kind, insertion
     assert {n for n in tensors(model) if "patch" not in n} == set(before)
     after = tensors(model)
     assert all(torch.equal(after[k], before[k]) for k in before)  # the backbone is untouched
-    n_patches = {"vertical": 1, "horizontal": LAYERS}.get(insertion, 2 * LAYERS)
+    n_patches = {"vertical": 1, "vertical_code": 1, "horizontal": LAYERS}.get(insertion, 2 * LAYERS)
     assert len(patches_of(model)) == n_patches
     ups = [p for n, p in model.named_parameters() if "patch" in n and ".up." in n]
     assert len(ups) == 2 * n_patches and all(not p.any() for p in ups)  # V_D = 0 (weight, bias)
@@ -202,11 +202,12 @@ def test_inner_and_outer_with_real_patches_match_the_hand_computation(insertion)
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_vertical_adds_a_patch_of_the_embeddings_to_the_top_output(kind):
+def test_vertical_code_adds_a_patch_of_the_embeddings_to_the_top_output(kind):
     enc = batch()
     plain = tiny()
-    model = patched(kind, "vertical")
+    model = patched(kind, "vertical_code")
     randomize(model)
+    assert hasattr(model.bert, "patch") and not hasattr(model.bert.encoder, "patch")
     with torch.no_grad():
         top = plain.bert(**enc).last_hidden_state
         e = model.bert.embeddings(input_ids=enc["input_ids"], token_type_ids=enc["token_type_ids"])
@@ -218,6 +219,43 @@ def test_vertical_adds_a_patch_of_the_embeddings_to_the_top_output(kind):
     # every layer is the backbone's own: only the top output moves
     for (a, k, o), (a2, k2, o2) in zip(capture_layers(model, enc), capture_layers(plain, enc), strict=True):
         assert torch.equal(o, o2)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_vertical_follows_the_top_layer_with_a_residual(kind):
+    """The paper's form: H = BL_top(h) + Patch(BL_top(h)), BL_top(h) read off the model's own top layer."""
+    enc = batch()
+    plain = tiny()
+    model = patched(kind, "vertical")
+    randomize(model)
+    assert hasattr(model.bert.encoder, "patch") and not hasattr(model.bert, "patch")
+    layer_outputs = capture_layers(model, enc)
+    top = layer_outputs[-1][2]
+    top = top[0] if isinstance(top, tuple) else top
+    with torch.no_grad():
+        patch = model.bert.encoder.patch
+        expected = top + patch(top)
+        got = model.bert(**enc)
+        assert torch.allclose(got.last_hidden_state, expected, atol=1e-6, rtol=0)
+        assert torch.allclose(got.pooler_output, plain.bert.pooler(expected), atol=1e-6, rtol=0)
+        assert torch.allclose(logits(model, enc), plain.classifier(plain.bert.pooler(expected)), atol=1e-6, rtol=0)
+        # the check tells the paper's form from the code's and from the unpatched model
+        e = model.bert.embeddings(input_ids=enc["input_ids"], token_type_ids=enc["token_type_ids"])
+        assert not torch.allclose(got.last_hidden_state, top + patch(e), atol=1e-3)
+        assert not torch.allclose(got.last_hidden_state, top, atol=1e-3)
+        assert not torch.allclose(got.last_hidden_state, patch(top), atol=1e-3)  # not a replacement
+    for (a, k, o), (a2, k2, o2) in zip(layer_outputs, capture_layers(plain, enc), strict=True):
+        assert torch.equal(o, o2)  # the layers are the backbone's own
+
+
+def test_the_two_vertical_forms_do_not_load_into_each_other():
+    """The paper's and the code's patch sit at different paths: a state saved under one does not load
+    silently into the other (``vertical`` meant the code form before the split)."""
+    code, paper = patched("lowrank", "vertical_code"), patched("lowrank", "vertical")
+    with pytest.raises(RuntimeError, match=r"bert\.patch\.up\.weight"):
+        paper.load_state_dict(code.state_dict())
+    with pytest.raises(RuntimeError, match=r"bert\.encoder\.patch\.up\.weight"):
+        code.load_state_dict(paper.state_dict())
 
 
 # ---- PAL and padding --------------------------------------------------------------------------
@@ -264,7 +302,8 @@ def test_pal_without_a_mask_attends_everywhere_and_a_wrong_mask_is_refused():
 
 # ---- seeds, round trips -----------------------------------------------------------------------
 
-@pytest.mark.parametrize("kind,insertion", [("pal", "inner"), ("lowrank", "horizontal"), ("pal", "vertical")])
+@pytest.mark.parametrize("kind,insertion", [("pal", "inner"), ("lowrank", "horizontal"), ("pal", "vertical"),
+                                          ("lowrank", "vertical_code")])
 def test_same_seed_same_patches_different_seed_different(kind, insertion):
     state = torch.random.get_rng_state()
     a, b = tensors(patched(kind, insertion, seed=7)), tensors(patched(kind, insertion, seed=7))
@@ -276,6 +315,45 @@ def test_same_seed_same_patches_different_seed_different(kind, insertion):
     assert rand and all(not torch.equal(a[k], c[k]) for k in rand)
     assert all(a[k].std() > 0.005 for k in rand)  # drawn, not left at zero
     assert all(torch.equal(a[k], c[k]) for k in a if "patch" not in k)
+
+
+@pytest.mark.parametrize("kind,insertion", COMBOS)
+def test_random_init_draws_v_d_seeded_and_moves_the_output(kind, insertion):
+    """``init = "random"`` (the paper, §3.5; the authors' init_weights): V_D ~ N(0, 0.02²), bias 0, from the
+    seeded generator; the output moves at start. ``zero`` keeps its draws (V_D draws nothing there)."""
+    enc = batch()
+    state = torch.random.get_rng_state()
+    a = patched(kind, insertion, seed=7, init="random")
+    b = patched(kind, insertion, seed=7, init="random")
+    c = patched(kind, insertion, seed=8, init="random")
+    z = patched(kind, insertion, seed=7)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    ta, tb, tc, tz = tensors(a), tensors(b), tensors(c), tensors(z)
+    assert all(torch.equal(ta[k], tb[k]) for k in ta)
+    ups = [k for k in ta if "patch" in k and ".up." in k]
+    up_w = [k for k in ups if k.endswith("weight")]
+    assert up_w and all(not torch.equal(ta[k], tc[k]) for k in up_w)
+    assert all(0.01 < ta[k].std() < 0.03 for k in up_w)  # initializer_range = 0.02
+    assert all(not ta[k].any() for k in ups if k.endswith("bias"))
+    assert all(not tz[k].any() for k in ups)
+    first = patches_of(a)[0]  # the first patch's V_E is drawn first in both inits
+    first_name = next(k for k in ta if k.endswith("patch.down.weight"))
+    assert torch.equal(tz[first_name], first.down.weight)
+    with torch.no_grad():  # the top states, not the tiny head's near-zero logits
+        base = tiny().bert(**enc).last_hidden_state
+        assert torch.allclose(z.bert(**enc).last_hidden_state, base, atol=1e-6, rtol=0)
+        assert (a.bert(**enc).last_hidden_state - base).abs().max() > 1e-5  # inner+pal moves least: 2e-5
+
+
+def test_zero_init_draws_are_pinned():
+    """The first patch's V_E is the generator's first draw × initializer_range: the ``zero`` init (and
+    so every config written before ``init`` existed) gives the same patches it always gave."""
+    model = patched("lowrank", "horizontal", seed=7)
+    g = torch.Generator().manual_seed(7)
+    want = torch.randn(SIZE, D, generator=g) * 0.02
+    assert torch.equal(model.bert.encoder.layer[0].patch.down.weight, want)
+    want = torch.randn(SIZE, D, generator=g) * 0.02  # no V_D draw in between
+    assert torch.equal(model.bert.encoder.layer[1].patch.down.weight, want)
 
 
 @pytest.mark.parametrize("kind,insertion", COMBOS)
@@ -301,13 +379,13 @@ def test_state_dict_round_trip_and_deepcopy(kind, insertion):
 
 def test_settings_are_validated():
     s = PatchSettings()
-    assert (s.kind, s.insertion, s.size, s.heads) == ("lowrank", "horizontal", 128, 4)
+    assert (s.kind, s.insertion, s.size, s.heads, s.init) == ("lowrank", "horizontal", 128, 4, "zero")
     with pytest.raises(ValidationError, match="extra"):
         PatchSettings(sise=16)
     with pytest.raises(ValidationError, match="multiple of heads"):
         PatchSettings(kind="pal", size=10, heads=4)
     assert PatchSettings(kind="lowrank", size=10, heads=4).size == 10  # heads only matter for pal
-    for bad in ({"size": 0}, {"heads": 0}, {"kind": "adapter"}, {"insertion": "diagonal"}):
+    for bad in ({"size": 0}, {"heads": 0}, {"kind": "adapter"}, {"insertion": "diagonal"}, {"init": "xavier"}):
         with pytest.raises(ValidationError):
             PatchSettings(**bad)
     entry = SURGERIES.entry("patches")

@@ -33,21 +33,49 @@ a = SA(h):
   whole layer, outside its LayerNorm: ``BL'(h) = BL(h) + Patch(h)`` (a forward hook on the layer).
   The authors' code (``mult``) adds Patch(h) *inside* the last LayerNorm instead; we follow the
   paper's formula.
-- ``vertical`` (Fig. 3d; one patch for the model, at ``bert.patch``): the authors' code, not the
-  paper's formula ``Patch(BL_top(h))``: a side branch from the embeddings summed with the top
-  layer's output, ``H = BL_top(·) + Patch(E)``, E = the output of ``bert.embeddings`` (a forward hook
-  on ``bert.encoder``). The authors then apply a new LayerNorm to the sum; we leave it out, since a
+- ``vertical`` (Fig. 3d, the paper's formula; one patch for the model, at ``bert.encoder.patch``): a
+  patch following the topmost layer, ``H = BL_top(h) + Patch(BL_top(h))`` (a forward hook on
+  ``bert.encoder``). The paper writes ``BL_top(h) = Patch(BL_top(h))``, a replacement; read
+  literally, the model's output would become a rank-d_s projection of the top states — all zeros
+  at ``init = "zero"`` (every pair would get the same score), random noise at ``"random"`` — so the
+  pretrained model would be destroyed before training starts. We read it, as ``inner``, with the
+  residual that the paper's "adapting existing BERT representation" (§3.4) implies.
+- ``vertical_code`` (the authors' code, ``BertModel.forward`` in ``src/modeling.py``; one patch, at
+  ``bert.patch``): a side branch from the embeddings summed with the top layer's output,
+  ``H = BL_top(·) + Patch(E)``, E = the output of ``bert.embeddings`` (a forward hook on
+  ``bert.encoder``). The authors then apply a new LayerNorm to the sum; we leave it out, since a
   fresh LayerNorm would change the model's output at start (and re-normalises what the top layer
   already normalised). This is the variant the authors ran (their configs all set
   ``vertical_low_rank``).
 
-Initialisation: V_D weight and bias are zero, so right after surgery the model computes exactly
-what it computed before; V_E's and g's weights are drawn from N(0, initializer_range²) (the model
-config's, 0.02 by default, as the authors' and BERT's own init), their biases are zero, from a
-``torch.Generator`` seeded with ``seed`` (torch's global generator is not touched; the same seed
-gives the same patches on every device). Patches have no dropout. Parameter names all contain the
-segment ``patch`` (``bert.encoder.layer.3.patch.down.weight``, ``bert.patch.up.bias``, ...); the
-surgery refuses a model whose own tensor names already contain "patch".
+Naming: the insertion names follow the paper's Fig. 3 / §3.4.1 formulas (as ``inner``, ``outer``,
+``horizontal`` do), so ``vertical`` is the paper's form and the authors' code form carries the
+explicit suffix. Until this split, ``vertical`` meant the code form; every config and doc of this
+repository that named it now says ``vertical_code``. The two forms keep their patch at different
+paths (``bert.encoder.patch`` / ``bert.patch``), so a state saved under the old meaning of
+``vertical`` does not load silently into the new one (a strict load reports the names).
+
+Initialisation (``init``): V_E's and g's weights are drawn from N(0, initializer_range²) (the model
+config's, 0.02 by default, as BERT's own init), their biases are zero, from a ``torch.Generator``
+seeded with ``seed`` (torch's global generator is not touched; the same seed gives the same patches
+on every device). V_D depends on ``init``:
+
+- ``zero`` (default): V_D weight and bias are zero, so right after surgery the model computes
+  exactly what it computed before.
+- ``random``: V_D's weight is drawn like V_E's (same generator, N(0, initializer_range²), drawn
+  after the patch's other weights), its bias is zero. The paper: "β_t is randomly initialized"
+  (§3.5). The authors' code does the same: ``BERT.__init__`` (``src/bert.py``) applies
+  ``init_weights`` (every ``nn.Linear`` weight ~ N(0, initializer_range²), bias 0) and then loads
+  the pretrained checkpoint with ``strict=False``, so ``aug_dense2`` (V_D) keeps its random draw.
+  The model's output moves slightly at start.
+
+``zero`` stays the default although the paper and the code both draw V_D at random: every config
+written before the option existed keeps its meaning (the QA study's numbers were made with it), and
+a patched model then starts as the model it patches; a paper recipe sets ``init = "random"``. The
+``zero`` draws are unchanged by the option (V_D draws nothing there). Patches have no dropout.
+Parameter names all contain the segment ``patch`` (``bert.encoder.layer.3.patch.down.weight``,
+``bert.patch.up.bias``, ...); the surgery refuses a model whose own tensor names already contain
+"patch".
 
 PAL and padding: a forward pre-hook on ``bert`` records the 2-D ``attention_mask`` (batch, seq)
 the model was called with (None: every token is attended to); PAL patches read it from there, so
@@ -67,7 +95,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 KINDS = ("lowrank", "pal")
-INSERTIONS = ("inner", "outer", "vertical", "horizontal")
+INSERTIONS = ("inner", "outer", "vertical", "vertical_code", "horizontal")
+INITS = ("zero", "random")
 
 
 class PatchSettings(BaseModel):
@@ -76,8 +105,10 @@ class PatchSettings(BaseModel):
 
     kind: Literal["lowrank", "pal"] = Field("lowrank", description="g: lowrank (GELU bottleneck) or pal "
                                                                    "(attention in the d_s space)")
-    insertion: Literal["inner", "outer", "vertical", "horizontal"] = Field(
-        "horizontal", description="where the patches sit (FedMatch Fig. 3)")
+    insertion: Literal["inner", "outer", "vertical", "vertical_code", "horizontal"] = Field(
+        "horizontal", description="where the patches sit (FedMatch Fig. 3; vertical_code: the authors' code)")
+    init: Literal["zero", "random"] = Field(
+        "zero", description="V_D's start: zero (the model is unchanged at start) or random (the paper, §3.5)")
     size: int = Field(128, gt=0, description="d_s, the patch's projection size")
     heads: int = Field(4, gt=0, description="attention heads of a pal patch")
 
@@ -134,13 +165,16 @@ class Patch(nn.Module):
         self.to_empty(device=device)
 
     @torch.no_grad()
-    def reset(self, gen: torch.Generator, std: float) -> None:
-        """Seeded init: V_E and g weights ~ N(0, std²), their biases 0; V_D = 0 (weight and bias)."""
-        for lin in self._random():
+    def reset(self, gen: torch.Generator, std: float, init: str = "zero") -> None:
+        """Seeded init: V_E and g weights ~ N(0, std²), their biases 0; V_D's weight 0 (``zero``) or
+        ~ N(0, std²) drawn last (``random``: the ``zero`` draws stay what they were), its bias 0."""
+        drawn = self._random() + ([self.up] if init == "random" else [])
+        for lin in drawn:
             w = torch.randn(lin.weight.shape, generator=gen, dtype=torch.float32) * std
             lin.weight.copy_(w)
             lin.bias.zero_()
-        self.up.weight.zero_()
+        if init != "random":
+            self.up.weight.zero_()
         self.up.bias.zero_()
 
     def _random(self) -> list[nn.Linear]:
@@ -218,8 +252,29 @@ class _Outer:
         raise TypeError(f"patches (outer): {type(module).__name__} was called without its residual input")
 
 
+def _hidden(output: Any) -> torch.Tensor:
+    """The hidden states of a module's output (a tensor, a ModelOutput, or a tuple's first item)."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if hasattr(output, "last_hidden_state"):
+        return output.last_hidden_state
+    if isinstance(output, tuple):
+        return output[0]
+    raise TypeError(f"patches: cannot read hidden states from an output of type {type(output).__name__}")
+
+
+class _Follow:
+    """Forward hook on the encoder (vertical, the paper's form): H ↦ H + Patch(H)."""
+
+    def __init__(self, patch: Patch) -> None:
+        self.patch = patch
+
+    def __call__(self, module, args, kwargs, output):
+        return _add_to_hidden(output, self.patch(_hidden(output)))
+
+
 class _Parallel:
-    """Forward hook on a layer (horizontal) or on the encoder (vertical): output + Patch(input)."""
+    """Forward hook on a layer (horizontal) or on the encoder (vertical_code): output + Patch(input)."""
 
     def __init__(self, patch: Patch) -> None:
         self.patch = patch
@@ -301,7 +356,7 @@ def apply_patches(model: nn.Module, settings: PatchSettings | None, seed: int) -
 
     def new_patch() -> Patch:
         patch = Patch(d, settings, recorder, device=ref.device, dtype=ref.dtype)
-        patch.reset(gen, std)
+        patch.reset(gen, std, settings.init)
         return patch
 
     def attach(owner: nn.Module, where: str) -> Patch:
@@ -312,6 +367,10 @@ def apply_patches(model: nn.Module, settings: PatchSettings | None, seed: int) -
 
     model.bert.register_forward_pre_hook(recorder, with_kwargs=True)
     if settings.insertion == "vertical":
+        patch = attach(model.bert.encoder, "bert.encoder")
+        model.bert.encoder.register_forward_hook(_Follow(patch), with_kwargs=True)
+        return
+    if settings.insertion == "vertical_code":
         patch = attach(model.bert, "bert")
         model.bert.encoder.register_forward_hook(_Parallel(patch), with_kwargs=True)
         return
