@@ -20,6 +20,7 @@ from fedsilo.client.batching import BATCH_ORDERS
 from fedsilo.client.hooks import ROUND_HOOKS
 from fedsilo.client.objective import CLIENT_OBJECTIVES, REGULARIZERS
 from fedsilo.client.optim import CLIENT_OPTIMIZERS
+from fedsilo.client.schedule import LR_SCHEDULES, Span
 from fedsilo.core.aggregate import AGGREGATIONS
 from fedsilo.core.exchange import DOWNLOADS, OVERWRITES, SELECTORS
 from fedsilo.core.server_opt import SERVER_OPTIMIZERS
@@ -103,6 +104,18 @@ class ClientConfig(Strict):
     private_lr: FiniteFloat | None = Field(
         None, gt=0, description="learning rate of the tensors the client keeps (exchange.private: FedMatch's "
                                 "patches, FedPer's head); None: `lr`")
+    lr_schedule: choice(LR_SCHEDULES) = Field(
+        "constant", description="constant, linear (warm-up, then linear decay to 0: Hugging Face's "
+                                "get_linear_schedule_with_warmup) or cosine (warm-up, then cosine decay to 0); "
+                                "it scales each group's rate (private_lr too), per optimiser step")
+    warmup: FiniteFloat = Field(0.0, description="warm-up, a fraction of the schedule's steps in [0, 1) "
+                                                 "(the Trainer's warmup_ratio: ceil(fraction × steps))")
+    # `run` by default: a paper's "warm up, then decay over training" is over all of training, which a
+    # federation splits into rounds; restarting per round would re-warm and re-decay every round.
+    schedule_span: Span = Field(
+        "run", description="run: one schedule over the client's rounds × its steps per round, at its own "
+                           "steps done (warm-up once, decay to 0 by the last round); round: restart each round. "
+                           "A personal model (Ditto) restarts its schedule every round")
     batch_size: int = Field(8, gt=0)
     grad_accum: int = Field(1, gt=0, lt=2**63, description="batches per optimiser step (the Lorar authors: 16)")
     optimizer: choice(CLIENT_OPTIMIZERS) = "adafactor"
@@ -131,6 +144,20 @@ class ClientConfig(Strict):
                           "regularised toward the received global model; evaluation uses it")
     persist_optimizer: bool | None = Field(
         None, description="keep optimiser state across rounds; None: yes unless federated")
+
+    @field_validator("warmup")
+    @classmethod
+    def _warmup_fraction(cls, v: float) -> float:
+        if not 0 <= v < 1:
+            raise ValueError(f"must be a fraction of the schedule's steps in [0, 1), e.g. 0.1; got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _warmup_needs_schedule(self) -> "ClientConfig":
+        if self.warmup and self.lr_schedule == "constant":  # it would silently change nothing
+            raise ValueError("warmup: set, but lr_schedule = \"constant\" has no warm-up "
+                             "(choose lr_schedule = \"linear\" or \"cosine\")")
+        return self
 
     @field_validator("regularizers")
     @classmethod

@@ -170,6 +170,8 @@ class Server:
         phases = {k[8:]: _json_number(v) for k, v in update.stats.items() if k.startswith("seconds/")}
         if phases:  # where the client's seconds went: before_training (e.g. pseudo labels), training, personal
             entry["phase_seconds"] = phases
+        if "lr/last" in update.stats:  # a client lr schedule: the rate of its last optimiser step
+            entry["lr_last"] = _json_number(update.stats["lr/last"])
         delta, reason, clipped_from = self._delta(client, update)
         if reason:
             entry["rejected"] = reason

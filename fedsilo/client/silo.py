@@ -23,6 +23,7 @@ from fedsilo.tasks.tokens import PreTokenized, row_length, tokenized
 
 from .hooks import ROUND_HOOKS, HookContext
 from .objective import CLIENT_OBJECTIVES
+from .schedule import round_steps, span_of
 from .store import ClientState, ClientStore, optimizer_from_slot, optimizer_to_slot
 from .train import train_local
 
@@ -50,8 +51,10 @@ def load_tensors(model: torch.nn.Module, *tensor_sets: Tensors) -> None:
 class SiloClient:
     def __init__(self, name: str, index: int, examples: Sequence, task: Any, cfg: ClientConfig,
                  model: torch.nn.Module, plan: ExchangePlan, store: ClientStore, initial: Tensors,
-                 persist_optimizer: bool = False, token_cache: Path | None = None, precision: str = "fp32") -> None:
+                 persist_optimizer: bool = False, token_cache: Path | None = None, precision: str = "fp32",
+                 rounds: int = 1) -> None:
         self.name, self.index = name, index
+        self.rounds = rounds  # the run's federation.rounds: the length of a `run`-span lr schedule
         self.examples, self.task, self.cfg = examples, task, cfg
         self.model, self.plan, self.store = model, plan, store
         self.shared_names, self.private_names = plan.split(federated_parameters(model))
@@ -121,6 +124,9 @@ class SiloClient:
         if self.persist_optimizer and state.slot("optimizer"):
             restore = lambda opt: optimizer_from_slot(opt, state.slot("optimizer"), state.meta["optimizer_scalars"])  # noqa: E731
         items, collate, lengths = self.batches_from(examples)
+        steps_done = int(state.meta.get("steps_done", 0))
+        schedule_start, schedule_total = span_of(self.cfg.schedule_span, steps_done, self.rounds, round_steps(
+            len(items), self.cfg.batch_size, self.cfg.grad_accum, self.cfg.epochs, self.cfg.steps))
         result, opt = train_local(
             self.model, items, collate, self.loss_fn, lengths=lengths, batch_order=self.cfg.batching,
             length_window=self.cfg.length_window, precision=self.precision,
@@ -128,9 +134,10 @@ class SiloClient:
             grad_accum=self.cfg.grad_accum,
             optimizer=self.cfg.optimizer, weight_decay=self.cfg.weight_decay, logging_steps=self.cfg.logging_steps,
             regularizers=self.cfg.regularizers, anchor={k: received[k] for k in received if k in self.shared_names},
-            tracked_terms=self.cfg.tracked_terms, seed=run_seed, step_offset=int(state.meta.get("steps_done", 0)),
+            tracked_terms=self.cfg.tracked_terms, seed=run_seed, step_offset=steps_done,
             max_grad_norm=self.cfg.max_grad_norm or None, optimizer_state=restore, on_step=on_step,
-            max_steps=self.cfg.steps,
+            max_steps=self.cfg.steps, lr_schedule=self.cfg.lr_schedule, warmup=self.cfg.warmup,
+            schedule_start=schedule_start, schedule_total=schedule_total,
         )
         phases["training"] = time.perf_counter() - start - sum(phases.values())
         params = federated_parameters(self.model)
@@ -145,6 +152,8 @@ class SiloClient:
         slots, meta = self._kept(state, params, upload, result.steps, opt)
         stats = {"delta_loss": result.delta_loss, "mean_loss": result.mean_loss,
                  **{f"loss/{k}": v for k, v in result.terms.items()}}
+        if self.cfg.lr_schedule != "constant":  # where the schedule stands (rounds.jsonl)
+            stats["lr/last"] = result.lr
         if self.cfg.personal is not None:
             began = time.perf_counter()
             slots["personal"], personal = self._train_personal(state, received, examples, run_seed, on_step)
@@ -193,6 +202,6 @@ class SiloClient:
             weight_decay=self.cfg.weight_decay, logging_steps=self.cfg.logging_steps,
             regularizers={"personal": p.coef}, anchor={k: received[k] for k in received if k in self.shared_names},
             tracked_terms=self.cfg.tracked_terms, seed=seed + 1, max_grad_norm=self.cfg.max_grad_norm or None,
-            on_step=on_step)
+            on_step=on_step, lr_schedule=self.cfg.lr_schedule, warmup=self.cfg.warmup)  # restarts every round
         params = federated_parameters(self.model)
         return {k: t.detach().clone() for k, t in params.items()}, result

@@ -27,6 +27,7 @@ from fedsilo.models.precision import autocast, grad_scaler
 from .batching import BATCH_ORDERS, default_window
 from .objective import objective_terms
 from .optim import make_optimizer
+from .schedule import StepSchedule, round_steps
 
 
 class LossLog:
@@ -59,6 +60,7 @@ class LocalResult:
     mean_loss: float = math.nan
     terms: dict[str, float] = field(default_factory=dict)  # mean of each objective term per batch
     seconds: float = 0.0
+    lr: float = math.nan  # the first group's rate at the last optimiser step
 
 
 def to_device(batch: Mapping, device: torch.device) -> dict:
@@ -108,6 +110,10 @@ def train_local(
     batch_order: str = "length_grouped",
     length_window: int | None = None,
     precision: str = "fp32",
+    lr_schedule: str = "constant",
+    warmup: float = 0.0,
+    schedule_start: int = 0,
+    schedule_total: int | None = None,
 ) -> tuple[LocalResult, torch.optim.Optimizer]:
     """Train `model` in place on `examples`; returns the result and the optimiser (for its state).
 
@@ -119,6 +125,9 @@ def train_local(
     `batch_order` names a policy of `fedsilo.client.batching` over the examples' token `lengths`
     (without lengths, a plain shuffle). `precision` bf16/fp16 runs the forward pass under autocast
     (fp16 with a gradient scaler); weights and optimiser state stay fp32.
+    `lr_schedule` (a `fedsilo.client.schedule` name, `warmup` a fraction of its steps) scales every
+    group's rate per optimiser step, from step `schedule_start` of `schedule_total` (default: a
+    schedule over this call's own steps).
     """
     start = time.perf_counter()
     params = dict(model.named_parameters())
@@ -127,6 +136,9 @@ def train_local(
     opt = make_optimizer(optimizer, param_groups(params, lr, lr_overrides or {}), lr, weight_decay)
     if optimizer_state is not None:
         optimizer_state(opt)
+    total = schedule_total or round_steps(len(examples), batch_size, grad_accum, epochs, max_steps)
+    schedule = StepSchedule(lr_schedule, opt, warmup, schedule_start, total)
+    last_lr = math.nan
     regularizers = dict(regularizers or {})
     anchor = anchor or {}
     log = LossLog(logging_steps, step_offset)
@@ -173,12 +185,14 @@ def train_local(
                         scaler.unscale_(opt)
                     if max_grad_norm:
                         torch.nn.utils.clip_grad_norm_(trainable, max_grad_norm)
+                    last_lr = opt.param_groups[0]["lr"]
                     if scaler:
                         scaler.step(opt)  # skipped when the scaled gradients overflowed
                         scaler.update()
                     else:
                         opt.step()
                     opt.zero_grad(set_to_none=True)
+                    schedule.step()
                     steps += 1
                     log.record(step_loss)
                     step_loss = torch.zeros((), device=device)
@@ -192,6 +206,6 @@ def train_local(
         n_examples=len(examples), steps=steps, losses=log.points,
         delta_loss=delta_loss([v for _, v in log.points]),
         mean_loss=float(tracked_sum) / batches if batches else math.nan,
-        terms=terms_mean, seconds=time.perf_counter() - start,
+        terms=terms_mean, seconds=time.perf_counter() - start, lr=last_lr,
     )
     return result, opt

@@ -153,7 +153,7 @@ def build_client(cfg: RunConfig, task, model, store: ClientStore, name: str, ind
         return SiloClient(name, index, examples, task, client_cfg, model, exchange_plan(cfg), store, initial,
                           persist_optimizer=cfg.persist_optimizer,
                           token_cache=default_cache_dir() if cfg.engine.token_cache else None,
-                          precision=cfg.model.precision)
+                          precision=cfg.model.precision, rounds=cfg.federation.rounds)
     except TypeError as err:  # an objective the task cannot serve
         raise ConfigError(f"client.objective = {client_cfg.objective!r}: {err}") from None
 
