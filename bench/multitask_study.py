@@ -35,12 +35,14 @@ BASE = "data_silo"
 NOISE = "data_silo_seed1"
 SAMPLED = ["data_silo", "data_silo_da", "fedavg", "ditto", "fewfedweight"]  # re-run on --more-samples
 TABLE1 = ["data_silo_da", "fedavg", "ditto", "meta_weighting", "fewfedweight", "centralized"]
-TABLE2 = ["fedavg_da", "ffw_no_pseudo", "ffw_uniform", "ffw_size", "fewfedweight"]
+TABLE2 = ["fedavg_da", "ffw_no_pseudo", "ffw_uniform", "ffw_size", "ffw_personal_0_01", "fewfedweight"]
 LABELS = {"data_silo": "Data Silo", "data_silo_da": "Data Silo DA", "fedavg": "FedAvg", "ditto": "Ditto",
           "meta_weighting": "Meta Weighting", "fewfedweight": "FewFedWeight", "centralized": "Centralized",
           "fedavg_da": "FedAvg + data augmentation (uniform weights, size aggregation)",
           "ffw_no_pseudo": "FewFedWeight without pseudo data", "ffw_uniform": "FewFedWeight without energy weights",
-          "ffw_size": "FewFedWeight without dynamic aggregation", "data_silo_seed1": "Data Silo, another seed"}
+          "ffw_size": "FewFedWeight without dynamic aggregation",
+          "ffw_personal_0_01": "FewFedWeight, personal term 0.005·‖·‖² (the paper: 1·‖·‖²)",
+          "data_silo_seed1": "Data Silo, another seed"}
 READING = "## Reading"
 MEASURE = """
 import resource, sys
