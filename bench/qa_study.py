@@ -1,12 +1,14 @@
 """The FedMatch study (Chen et al. 2021, Tables 2 and 3) at a scale that fits 2 CPU cores.
 
 Runs the variants of experiments/qa/table3.toml (baselines, client sampling) and table2.toml (the 8
-patch variants), plus FedAvg and FedMatch again with another seed as the noise yardstick, each in
-its own process (so each variant's peak RSS is its own), into --out. Then writes --doc: both tables
-with BM25 beside them, the parameters each method sends and peak RSS, how far the patches moved, and the
-paper's claims checked against the seed noise. Finished variants are skipped on a re-run.
+patch variants) once per seed (--seeds, default 0,1,2: model init and data order), each run in its
+own process (so each variant's peak RSS is its own), into --out (OUT/STEM/VARIANT/seed-S, as `fedsilo
+study --seeds` lays them out). Then writes --doc: both tables as mean ± sd over the seeds with BM25
+beside them, the parameters each method sends and peak RSS, how far the patches moved, and the
+paper's claims checked with fedsilo.runs.study.claim (a claim holds when the gap exceeds the sum of
+the two seeds' standard deviations). Finished runs are skipped on a re-run.
 
-    python bench/qa_study.py --out runs/qa-study --doc docs/qa-study.md [--only fedavg,fedmatch]
+    python bench/qa_study.py --out runs/qa-study --doc docs/qa-study.md [--seeds 0,1,2] [--only fedavg,fedmatch]
 """
 from __future__ import annotations
 
@@ -20,36 +22,33 @@ from datetime import date
 from pathlib import Path
 
 from fedsilo.runs.report import markdown_table
-from fedsilo.runs.study import run_study
+from fedsilo.runs.study import RULE, SPREAD, claim, load_study, mean_sd, parse_seeds, run_dir, run_study, spread_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE3, TABLE2 = ROOT / "experiments" / "qa" / "table3.toml", ROOT / "experiments" / "qa" / "table2.toml"
-NOISE = {"fedavg": "fedavg_seed1", "fedmatch": "fedmatch_seed1"}  # the same variant with seed = 1
 MEASURE = """
 import resource, sys
-from fedsilo.cli import main
-code = main(sys.argv[1:])
+from pathlib import Path
+from fedsilo.runs.report import write_report
+from fedsilo.runs.runner import run_experiment
+from fedsilo.runs.study import load_study, run_dir
+study, variant, out, seed, multi = sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
+cfg = load_study(study, only=[variant], seed=seed, multi_seed=multi)[1][variant]  # exactly as run_study builds it
+target = run_dir(out, variant, seed, multi)
+run_experiment(cfg, target, resume=True, show_progress="lines")
+write_report(target)
 print("PEAK_RSS_KB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, flush=True)
-sys.exit(code)
 """
 
 
-def run_variant(study: Path, variant: str, out: Path, seed: int | None = None) -> float | None:
-    """Run one variant in a fresh process; its peak RSS in GiB (None when it had already finished)."""
-    name = NOISE.get(variant) if seed is not None else variant
-    target = out / name
-    if (target / "results.json").is_file():
+def run_variant(study: Path, variant: str, out: Path, seed: int, multi: bool) -> float | None:
+    """Run one variant with one seed in a fresh process; its peak RSS in GiB (None when it had already finished)."""
+    if (run_dir(out, variant, seed, multi) / "results.json").is_file():
         return None
-    args = ["study", str(study), "--only", variant, "--out", str(out / "_seed1" if seed is not None else out),
-            "--no-progress"]
-    if seed is not None:
-        args += ["--set", f"seed={seed}"]
-    done = subprocess.run([sys.executable, "-c", MEASURE, *args], capture_output=True, text=True,
-                          env={**os.environ, "FLWR_TELEMETRY_ENABLED": "0"})
+    done = subprocess.run([sys.executable, "-c", MEASURE, str(study), variant, str(out), str(seed), str(int(multi))],
+                          capture_output=True, text=True, env={**os.environ, "FLWR_TELEMETRY_ENABLED": "0"})
     if done.returncode:
-        sys.exit(f"{variant} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    if seed is not None:  # keep the noise runs beside the others under their own names
-        (out / "_seed1" / variant).rename(target)
+        sys.exit(f"{variant} seed {seed} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     rss = next(int(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("PEAK_RSS_KB"))
     return rss / 2**20
 
@@ -64,11 +63,15 @@ def patch_size(run: Path) -> float:
     return sum(values) / max(1, len(values))
 
 
-def overall(study: dict, method: str) -> tuple[float, float]:
-    """(MAP, MRR) overall: the last cell of the method's line, "MAP / MRR"."""
-    row = next(r for r in study["table"][1:] if r[0] == method)
-    map_, mrr = row[-1].split(" / ")
-    return float(map_), float(mrr)
+def overall(study: dict, method: str, metric: str = "map") -> dict[str, float]:
+    """A method's overall (macro over silos) `metric` by seed, from study.json's per_seed."""
+    return {seed: entry["overall"][metric] for seed, entry in study["per_seed"][method].items()}
+
+
+def mean_of(study: dict, methods: list[str], metric: str = "map") -> list[float]:
+    """Per seed, the mean over `methods` of their overall `metric` (e.g. low-rank over its insertions)."""
+    by_method = [overall(study, m, metric) for m in methods]
+    return [sum(b[s] for b in by_method) / len(by_method) for s in by_method[0]]
 
 
 def main() -> None:
@@ -76,50 +79,52 @@ def main() -> None:
     ap.add_argument("--out", default="runs/qa-study")
     ap.add_argument("--doc", default="docs/qa-study.md")
     ap.add_argument("--only", help="comma-separated variants")
+    ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds, each variant runs once per seed")
     args = ap.parse_args()
+    try:
+        seeds = parse_seeds(args.seeds)
+    except ValueError as err:
+        ap.error(str(err))
+    multi = len(seeds) > 1
     out = Path(args.out)
     only = set(args.only.split(",")) if args.only else None
     rss_file = out / "peak_rss.json"
     rss = json.loads(rss_file.read_text()) if rss_file.is_file() else {}
-    from fedsilo.runs.study import load_study
-    for study in (TABLE3, TABLE2):
-        for variant in load_study(study)[1]:
-            if only is None or variant in only:
-                print(f"{study.stem}: {variant}", flush=True)
-                got = run_variant(study, variant, out / study.stem)
-                if got is not None:
-                    rss[variant] = got
-                    out.mkdir(parents=True, exist_ok=True)
-                    rss_file.write_text(json.dumps(rss, indent=1))
-    for variant in NOISE:
-        if only is None or NOISE[variant] in only:
-            print(f"noise: {variant} with seed 1", flush=True)
-            run_variant(TABLE3, variant, out / TABLE3.stem, seed=1)
+    for seed in seeds:  # every variant of one seed before the next: a whole comparison early
+        for study in (TABLE3, TABLE2):
+            for variant in load_study(study)[1]:
+                if only is None or variant in only:
+                    print(f"{study.stem}: {variant} seed {seed}", flush=True)
+                    got = run_variant(study, variant, out / study.stem, seed, multi)
+                    if got is not None:
+                        rss[variant] = max(got, rss.get(variant, 0.0))  # the largest over its seeds
+                        out.mkdir(parents=True, exist_ok=True)
+                        rss_file.write_text(json.dumps(rss, indent=1))
     if only is None:
-        write_doc(out, Path(args.doc), rss)
+        write_doc(out, Path(args.doc), rss, seeds)
 
 
-def write_doc(out: Path, doc: Path, rss: dict) -> None:
-    t3 = run_study(TABLE3, out / TABLE3.stem, show_progress=False)
-    t2 = run_study(TABLE2, out / TABLE2.stem, show_progress=False)
-    seeds = {}
-    for variant, name in NOISE.items():
-        results = json.loads((out / TABLE3.stem / name / "results.json").read_text())
-        seeds[variant] = results["test"]["macro"]["map"], results["test"]["macro"]["mrr"]
-    noise_map = max(abs(overall(t3, v)[0] - seeds[v][0]) for v in NOISE)
-    costs = [["method", "parameters up (all rounds, all silos)", "MB up", "peak RSS GiB"]]
+def write_doc(out: Path, doc: Path, rss: dict, seeds: list[int]) -> None:
+    t3 = run_study(TABLE3, out / TABLE3.stem, show_progress=False, seeds=seeds)
+    t2 = run_study(TABLE2, out / TABLE2.stem, show_progress=False, seeds=seeds)
+    costs = [["method", "parameters up (all rounds, all silos)", "MB up", "peak RSS GiB (largest over seeds)"]]
     for study in (t3, t2):
         for name, c in study["costs"].items():
             costs.append([name, f"{c['params_up']:,.0f}", f"{c['bytes_up'] / 1e6:.1f}",
                           f"{rss[name]:.2f}" if name in rss else "-"])
+    spreads = {name: mean_sd(list(overall(study, name).values()))[1]
+               for study in (t3, t2) for name in study["per_seed"]}
+    widest = max(spreads, key=lambda n: spreads[n] or 0.0)
     lines = [
         "# FedMatch study at CPU scale (paper Tables 2 and 3)\n",
         f"Measured {date.today()} on {platform.machine()}, {os.cpu_count()} CPU cores, no GPU; "
-        f"`python bench/qa_study.py --out {out} --doc {doc}`. Scale: see experiments/qa/table3.toml "
-        "(MiniLM-L6 cross-encoder, 64 tokens, 32 training questions per silo x 2 pairs, 3 rounds of 1 epoch, "
-        "40 dev/test questions per silo). Overall = the mean over the 5 silos, as the paper. `fedmatch` "
-        "trains its patches at the backbone's lr (5e-5, the paper's single rate); `fedmatch_plr` and every "
-        "Table 2 variant at `client.private_lr = 1e-3`.\n",
+        f"`python bench/qa_study.py --out {out} --doc {doc} --seeds {','.join(map(str, seeds))}`. Scale: see "
+        "experiments/qa/table3.toml (MiniLM-L6 cross-encoder, 64 tokens, 32 training questions per silo x 2 pairs, "
+        "3 rounds of 1 epoch, 40 dev/test questions per silo). Overall = the mean over the 5 silos, as the paper. "
+        "`fedmatch` trains its patches at the backbone's lr (5e-5, the paper's single rate); `fedmatch_plr` and "
+        "every Table 2 variant at `client.private_lr = 1e-3`.\n",
+        f"Every variant ran once per seed ({', '.join(map(str, seeds))}: model init and data order). Each cell is "
+        f"mean ± sd over n = {len(seeds)} seeds, {SPREAD}; BM25 does not depend on the seed.\n",
         "## Table 3 analogue: FedMatch vs baselines\n", markdown_table(t3["table"]), "",
         "## Table 2 analogue: patch variants (g x insertion)\n", markdown_table(t2["table"]), "",
         "## Cost\n", markdown_table(costs), "",
@@ -127,41 +132,36 @@ def write_doc(out: Path, doc: Path, rss: dict) -> None:
         "on a shared machine. `python bench/fedmatch_cost.py` measures FedAvg against FedMatch "
         "interleaved in one run (docs/benchmarks.md).\n",
         "## How far the patches moved\n",
-        "Mean |V_D| (the zero-initialised up-projection) over the silos after the last round: "
-        + ", ".join(f"{v} {patch_size(Path(t3['variants'][v])):.2e}" for v in ("fedmatch", "fedmatch_plr"))
+        "Mean |V_D| (the zero-initialised up-projection) over the silos after the last round, mean over the seeds: "
+        + ", ".join(f"{v} {sum(map(patch_size, map(Path, t3['runs'][v].values()))) / len(t3['runs'][v]):.2e}"
+                    for v in ("fedmatch", "fedmatch_plr"))
         + ".\n",
-        "## Seed noise\n",
-        "FedAvg and FedMatch again with seed 1: overall MAP "
-        + ", ".join(f"{v} {seeds[v][0]:.4f} (seed 0: {overall(t3, v)[0]:.4f})" for v in NOISE)
-        + f". A difference in overall MAP smaller than {noise_map:.4f} is within seed noise.\n",
-        "## The paper's claims, on what came out\n", *claims(t3, t2, noise_map), "",
+        "## Seed spread\n",
+        f"The widest spread of overall MAP over the seeds: {widest} ± {spreads[widest] or 0:.4f}. "
+        f"A claim below {RULE} (fedsilo.runs.study.beyond_spread); `reversed`: the opposite holds.\n",
+        "## The paper's claims, on what came out\n", *claims(t3, t2), "",
     ]
     doc.write_text("\n".join(lines))
     print(f"wrote {doc}")
 
 
-def claims(t3: dict, t2: dict, noise: float) -> list[str]:
-    def verdict(a: float, b: float) -> str:
-        if abs(a - b) < noise:
-            return "within seed noise"
-        return "holds" if a > b else "does not hold"
+def claims(t3: dict, t2: dict) -> list[str]:
+    """Each paper claim "a > b" on overall MAP, per seed, with the shared rule."""
+    def line(text: str, a: list[float], b: list[float]) -> str:
+        return f"- {text}: {spread_cell(a, '.4f')} vs {spread_cell(b, '.4f')} — {claim(a, b)}."
 
-    m = {r[0]: overall(t3, r[0])[0] for r in t3["table"][1:]}
-    v = {r[0]: overall(t2, r[0])[0] for r in t2["table"][1:]}
-    lowrank = sum(v[k] for k in v if k.endswith("_lr")) / 4
-    pal = sum(v[k] for k in v if k.endswith("_pal")) / 4
-    hv = sum(v[k] for k in v if k[0] in "hv") / 4
-    io = sum(v[k] for k in v if k[0] in "io") / 4
-    out = [f"- FedAvg beats each silo alone overall: {m['fedavg']:.4f} vs {m['local']:.4f} — "
-           f"{verdict(m['fedavg'], m['local'])}."]
+    m = {name: list(overall(t3, name).values()) for name in t3["per_seed"]}
+    v = list(t2["per_seed"])
+    out = [line("FedAvg beats each silo alone overall", m["fedavg"], m["local"])]
     for fedmatch in ("fedmatch", "fedmatch_plr"):
         for base in ("fedavg", "fedavg_equal", "fedper", "lg_fedavg"):
-            out.append(f"- {fedmatch} beats {base}: {m[fedmatch]:.4f} vs {m[base]:.4f} — "
-                       f"{verdict(m[fedmatch], m[base])}.")
-    out.append(f"- low-rank >= PAL (mean over insertions): {lowrank:.4f} vs {pal:.4f} — {verdict(lowrank, pal)}.")
-    out.append(f"- horizontal/vertical >= inner/outer (mean over g): {hv:.4f} vs {io:.4f} — {verdict(hv, io)}.")
-    out.append(f"- client sampling: FedAvg_CS {m['fedavg_cs']:.4f} vs FedAvg {m['fedavg']:.4f}; "
-               f"FedMatch_CS {m['fedmatch_cs']:.4f} vs FedMatch {m['fedmatch']:.4f}.")
+            out.append(line(f"{fedmatch} beats {base}", m[fedmatch], m[base]))
+    out.append(line("low-rank >= PAL (mean over insertions)", mean_of(t2, [k for k in v if k.endswith("_lr")]),
+                    mean_of(t2, [k for k in v if k.endswith("_pal")])))
+    out.append(line("horizontal/vertical >= inner/outer (mean over g)", mean_of(t2, [k for k in v if k[0] in "hv"]),
+                    mean_of(t2, [k for k in v if k[0] in "io"])))
+    out.append(line("client sampling: FedAvg_CS > FedAvg", m["fedavg_cs"], m["fedavg"]))
+    out.append(line("client sampling: FedMatch_CS > FedMatch", m["fedmatch_cs"], m["fedmatch"]))
     return out
 
 

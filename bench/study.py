@@ -1,11 +1,14 @@
 """The Lorar study (paper Tables 2 and 3) at a scale that fits this machine.
 
-Runs every variant of experiments/lorar/bench.toml (or --config) into --out, then writes a markdown
-report with the comparison tables, each variant's wall time, and the paper's two claims checked on
-what came out: (1) Lorar beats its base algorithm on MacroAvg; (2) it helps the small silos
-(Academic, IMDB, Yelp) most. Finished variants are skipped on a re-run (results.json present).
+Runs every variant of experiments/lorar/bench.toml (or --config) once per seed (--seeds, default
+0,1,2; applied as `fedsilo study` does, fedsilo.runs.study.seeded) into --out (OUT/VARIANT/seed-S;
+one seed: OUT/VARIANT), then writes a markdown report with the comparison tables as mean ± sd over
+the seeds, each variant's wall time, and the paper's two claims checked with
+fedsilo.runs.study.claim (a gap holds when it exceeds the sum of the two standard deviations):
+(1) Lorar beats its base algorithm on MacroAvg; (2) it helps the small silos (Academic, IMDB, Yelp)
+most. Finished runs are skipped on a re-run (results.json present).
 
-    python bench/study.py --out runs/study --doc docs/lorar-study.md [--only fedopt,fedopt_lorar]
+    python bench/study.py --out runs/study --doc docs/lorar-study.md [--seeds 0,1,2] [--only fedopt,fedopt_lorar]
 """
 from __future__ import annotations
 
@@ -17,8 +20,9 @@ from datetime import date
 from pathlib import Path
 
 from fedsilo.config import load_config
-from fedsilo.runs.report import combine_tables, markdown_table
+from fedsilo.runs.report import markdown_table
 from fedsilo.runs.runner import run_experiment
+from fedsilo.runs.study import RULE, SPREAD, claim, comparison_table, parse_seeds, run_dir, seeded, spread_cell
 
 FEDOPT = ["server.optimizer=sgdm", "server.lr=1.0", "server.momentum=0.9"]
 FEDPROX = ["server.optimizer=fedavg", "client.regularizers={prox=1e-4}"]
@@ -45,35 +49,54 @@ def per_silo(results: dict) -> dict[str, dict]:
     return {row["client"]: row["metrics"] for row in results["test"]["rows"]}
 
 
-def loss_table(results: dict[str, dict]) -> list[list[str]]:
-    """Per-silo teacher-forced test loss of the selected model (lower is better)."""
-    silos = list(per_silo(next(iter(results.values()))))
+def em_table(results: dict[str, list[dict]]) -> list[list[str]]:
+    """EM per silo, Macro and Pooled, as mean ± sd over each variant's seeds."""
+    if not results:
+        return [["no variant of this table ran"]]
+    table = comparison_table(results, ["em"], next(iter(results.values()))[0].get("display") or None)
+    table[0] = [table[0][0], *table[0][1:-1], "Macro", "Pooled"]
+    for row, runs in zip(table[1:], results.values()):
+        row.append(spread_cell([r["test"]["pooled"].get("em") for r in runs]))
+    return table
+
+
+def loss_table(results: dict[str, list[dict]]) -> list[list[str]]:
+    """Per-silo teacher-forced test loss of the selected model (lower is better), mean ± sd over seeds."""
+    silos = list(per_silo(next(iter(results.values()))[0]))
     rows = [["", *silos, "mean"]]
-    for name, r in results.items():
-        losses = [per_silo(r)[s].get("loss") for s in silos]
-        rows.append([name, *(f"{v:.3f}" for v in losses), f"{sum(losses) / len(losses):.3f}"])
+    for name, runs in results.items():
+        losses = [[per_silo(r)[s].get("loss") for s in silos] for r in runs]  # per seed, per silo
+        rows.append([name, *(spread_cell([seed[i] for seed in losses], ".3f") for i in range(len(silos))),
+                     spread_cell([sum(seed) / len(seed) for seed in losses], ".3f")])
     return rows
 
 
-def claims(results: dict[str, dict]) -> list[str]:
+def claims(results: dict[str, list[dict]]) -> list[str]:
+    """Each "a > b" on per-seed numbers, judged by the shared rule (fedsilo.runs.study.claim)."""
+    def mean(xs):
+        return sum(xs) / len(xs)
+
     lines = []
     for base in ("fedopt", "fedavg", "fedprox"):
         lo = f"{base}_lorar"
         if base not in results or lo not in results:
             continue
-        b, l = per_silo(results[base]), per_silo(results[lo])
-        mb, ml = results[base]["test"]["macro"]["em"], results[lo]["test"]["macro"]["em"]
-        d_small = sum(l[s]["em"] - b[s]["em"] for s in SMALL) / len(SMALL)
-        others = [s for s in b if s not in SMALL]
-        d_other = sum(l[s]["em"] - b[s]["em"] for s in others) / len(others)
-        loss_small = sum(l[s]["loss"] - b[s]["loss"] for s in SMALL) / len(SMALL)
-        loss_other = sum(l[s]["loss"] - b[s]["loss"] for s in others) / len(others)
+        mb = [r["test"]["macro"]["em"] for r in results[base]]
+        ml = [r["test"]["macro"]["em"] for r in results[lo]]
+        d_small, d_other, loss_small, loss_other = [], [], [], []
+        for rb, rl in zip(results[base], results[lo]):  # the same seed on both sides
+            b, l = per_silo(rb), per_silo(rl)
+            others = [s for s in b if s not in SMALL]
+            d_small.append(mean([l[s]["em"] - b[s]["em"] for s in SMALL]))
+            d_other.append(mean([l[s]["em"] - b[s]["em"] for s in others]))
+            loss_small.append(mean([l[s]["loss"] - b[s]["loss"] for s in SMALL]))
+            loss_other.append(mean([l[s]["loss"] - b[s]["loss"] for s in others]))
         lines.append(
-            f"- {base} → {lo}: MacroAvg EM {mb:.2f} → {ml:.2f} "
-            f"({'better' if ml > mb else 'tie' if ml == mb else 'worse'}); "
-            f"mean EM change on small silos "
-            f"{d_small:+.2f} vs other silos {d_other:+.2f}; mean test-loss change small {loss_small:+.3f} "
-            f"vs other {loss_other:+.3f} (negative = better)")
+            f"- {base} → {lo}: MacroAvg EM {spread_cell(mb)} → {spread_cell(ml)}: {lo} > {base} {claim(ml, mb)}; "
+            f"mean EM change on small silos {spread_cell(d_small)} vs other silos {spread_cell(d_other)}: "
+            f"small > other {claim(d_small, d_other)}; mean test-loss change small {spread_cell(loss_small, '.3f')} "
+            f"vs other {spread_cell(loss_other, '.3f')} (negative = better): small falls more "
+            f"{claim(loss_other, loss_small)}")
     return lines
 
 
@@ -84,37 +107,50 @@ def main() -> None:
     ap.add_argument("--doc", default="docs/lorar-study.md")
     ap.add_argument("--only", help="comma-separated variant names")
     ap.add_argument("--set", action="append", default=[], help="extra overrides for every variant")
+    ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds, each variant runs once per seed")
     args = ap.parse_args()
+    try:
+        seeds = parse_seeds(args.seeds)
+    except ValueError as err:
+        ap.error(str(err))
+    multi = len(seeds) > 1
     names = args.only.split(",") if args.only else list(VARIANTS)
-    results, seconds = {}, {}
-    for name in names:
-        out = Path(args.out) / name
-        if (out / "results.json").exists():
-            results[name] = json.loads((out / "results.json").read_text())
-            seconds[name] = json.loads((out / "wall.json").read_text())["seconds"] if (out / "wall.json").exists() else None
-            continue
-        cfg = load_config(args.config, VARIANTS[name] + args.set + [f"name={name}"])
-        t = time.perf_counter()
-        results[name] = run_experiment(cfg, out, show_progress=False)
-        seconds[name] = time.perf_counter() - t
-        (out / "wall.json").write_text(json.dumps({"seconds": seconds[name]}))
-        test = results[name]["test"]
-        print(f"{name}: EM macro {test['macro']['em']:.2f} pooled {test['pooled']['em']:.2f}, "
-              f"test loss pooled {test['pooled']['loss']:.3f} ({seconds[name]:.0f}s)", flush=True)
+    results: dict[str, list[dict]] = {name: [] for name in names}
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    for seed in seeds:  # every variant of one seed before the next: a whole comparison early
+        for name in names:
+            out = run_dir(Path(args.out), name, seed, multi)
+            if (out / "results.json").exists():
+                results[name].append(json.loads((out / "results.json").read_text()))
+                if (out / "wall.json").exists():
+                    seconds[name].append(json.loads((out / "wall.json").read_text())["seconds"])
+                continue
+            label = f"{name}/seed-{seed}" if multi else name
+            cfg = seeded(load_config(args.config, VARIANTS[name] + args.set + [f"name={label}"]), seed)
+            t = time.perf_counter()
+            results[name].append(run_experiment(cfg, out, show_progress=False))
+            seconds[name].append(time.perf_counter() - t)
+            (out / "wall.json").write_text(json.dumps({"seconds": seconds[name][-1]}))
+            test = results[name][-1]["test"]
+            print(f"{label}: EM macro {test['macro']['em']:.2f} pooled {test['pooled']['em']:.2f}, "
+                  f"test loss pooled {test['pooled']['loss']:.3f} ({seconds[name][-1]:.0f}s)", flush=True)
+    cells = f"mean ± sd over n = {len(seeds)} seeds ({', '.join(map(str, seeds))}), {SPREAD}" if multi else "one seed"
     doc = ["# Lorar study at bench scale\n",
-           f"Command: `python bench/study.py --config {args.config} --out {args.out} --doc {args.doc}`"
-           + (f" `--set {' --set '.join(args.set)}`" if args.set else ""),
+           f"Command: `python bench/study.py --config {args.config} --out {args.out} --doc {args.doc} "
+           f"--seeds {','.join(map(str, seeds))}`" + (f" `--set {' --set '.join(args.set)}`" if args.set else ""),
            f"Date: {date.today()}; machine: {platform.machine()}, {platform.processor() or 'cpu'}, "
            f"{__import__('os').cpu_count()} cores, no GPU; Python {platform.python_version()}.\n",
+           f"Every cell: {cells}.\n",
            "## Table 2 (exact match %, test sets)\n",
-           markdown_table(combine_tables({n: results[n] for n in TABLE2 if n in results})), "",
+           markdown_table(em_table({n: results[n] for n in TABLE2 if n in results})), "",
            "## Table 3 (weighting mechanisms for FedOPT)\n",
-           markdown_table(combine_tables({n: results[n] for n in TABLE3 if n in results})), "",
+           markdown_table(em_table({n: results[n] for n in TABLE3 if n in results})), "",
            "## Test loss per silo (teacher-forced token cross-entropy; graded where EM is flat)\n",
            markdown_table(loss_table(results)), "",
-           "## Claims\n", *claims(results), "",
-           "## Wall time per variant\n",
-           markdown_table([["variant", "seconds"]] + [[n, f"{s:.0f}" if s else "-"] for n, s in seconds.items()]), ""]
+           "## Claims\n", f"Each claim \"a > b\" is judged on the seeds: {RULE}; `reversed`: b > a holds.\n",
+           *claims(results), "",
+           "## Wall time per variant (seconds, mean ± sd over seeds)\n",
+           markdown_table([["variant", "seconds"]] + [[n, spread_cell(s, ".0f")] for n, s in seconds.items()]), ""]
     Path(args.doc).parent.mkdir(parents=True, exist_ok=True)
     Path(args.doc).write_text("\n".join(doc))
     print(f"wrote {args.doc}")

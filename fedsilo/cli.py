@@ -59,11 +59,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_study(args: argparse.Namespace) -> int:
-    from fedsilo.runs.study import run_study
+    from fedsilo.runs.study import parse_seeds, run_study
 
     out = Path(args.out) if args.out else Path("runs") / Path(args.study).stem
     only = [v.strip() for v in args.only.split(",") if v.strip()] if args.only else None
-    run_study(args.study, out, args.set or [], only, show_progress=_display(args))
+    seeds = parse_seeds(args.seeds) if args.seeds is not None else None  # before anything runs
+    run_study(args.study, out, args.set or [], only, show_progress=_display(args), seeds=seeds)
     print(f"study directory: {out}\nreport: {out / 'report.md'}")
     return 0
 
@@ -214,6 +215,9 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("--out", help="study directory, one run directory per variant (default: runs/STEM)")
     st.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a key of the base config")
     st.add_argument("--only", help="comma-separated variants to run and compare")
+    st.add_argument("--seeds", metavar="S,S,...",
+                    help="run each variant once per seed, e.g. 0,1,2 (into OUT/NAME/seed-S); cells show "
+                         "mean ± sample sd; wins over [study] seeds (default: the config's seed, once)")
     st.add_argument("--no-progress", action="store_true",
                     help="no progress bars: one plain line per finished round or variant (logs, CI)")
     st.set_defaults(func=_cmd_study)
