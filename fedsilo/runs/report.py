@@ -126,7 +126,7 @@ _KIND = {_NUM: "a number", int: "an integer", str: "a string", list: "a list", d
 _ROUND = {"seconds": _NUM, "eval_seconds": _NUM, "bytes_up": _NUM, "bytes_down": _NUM, "clients": dict,
           "missing": list, "dev": dict}
 _CLIENT = {"weight": _NUM, "steps": _NUM, "losses": list, "bytes_up": _NUM, "bytes_down": _NUM}
-_SUMMARY = {"score": _NUM, "key": list, "macro": dict, "pooled": dict, "rows": list}
+_SUMMARY = {"score": _NUM, "key": list, "macro": dict, "pooled": dict, "rows": list, "nonfinite": _NUM}
 _RESULTS = {"name": str, "task": str, "paradigm": str, "rounds": int, "best_round": int, "best_dev": _NUM,
             "wall_seconds": _NUM, "metric_spec": dict, "display": dict, "test": dict, "subruns": dict,
             "reference": dict}
@@ -437,6 +437,8 @@ def print_results(
     # A table is read whole: never squeeze it into a narrow or non-terminal default width.
     console = console or Console(width=max(Console().width, 160))
     console.print(table_caption(results), style="dim", markup=False, highlight=False)
+    for warning in invalid_evaluations([], results):
+        console.print(f"Warning: invalid evaluation, {warning}", style="bold red", markup=False, highlight=False)
     console.print(table)
     for name, table_rows in reference_tables(results, display).items():
         _print_grid(console, f"untrained reference: {name} (test)", table_rows)
@@ -462,6 +464,18 @@ def dev_candidates(rounds: Sequence[Mapping[str, Any]]) -> list[dict]:
     """``{round, key, score}`` per evaluated round, in log order, for ``select_best``."""
     return [{"round": r["round"], "key": r["dev"].get("key"), "score": r["dev"].get("score")}
             for r in rounds if r.get("dev")]
+
+
+def invalid_evaluations(rounds: Sequence[Mapping[str, Any]], results: Mapping[str, Any] | None = None
+                        ) -> list[str]:
+    """One line per evaluation in which the model scored items NaN/Inf (its summary's ``nonfinite``):
+    its metrics are None and it is never the best round, which the tables alone show only as '-'."""
+    lines = [f"round {r['round']} dev: {r['dev']['nonfinite']:.0f} item(s) scored NaN/Inf by the model; "
+             f"invalid, never selected as best" for r in rounds if (r.get("dev") or {}).get("nonfinite")]
+    test = (results or {}).get("test") or {}
+    if test.get("nonfinite"):
+        lines.append(f"test: {test['nonfinite']:.0f} item(s) scored NaN/Inf by the model; its metrics are invalid")
+    return lines
 
 
 def best_round(
@@ -844,6 +858,7 @@ def _subrun_section(silo: str, sub: Path, root: Path, spec, display) -> tuple[li
     lines.append(f"{len(rounds)} rounds ({status}), wall time {_duration(seconds)}, best round "
                  f"{_best_line(best, score, spec, results is not None)}\n")
     lines += [f"_Note: {_relative(n, root)}._\n" for n in notes]
+    lines += [f"_Warning: invalid evaluation, {w}._\n" for w in invalid_evaluations(rounds, results)]
     plots = _write_plots(rounds, root / "plots" / "silos" / silo, spec, best, display)
     return lines + _image_links(plots, root), seconds, (results or {}).get("metric_spec")
 
@@ -903,6 +918,7 @@ def write_report(run_dir: str | Path, display: Mapping[str, str] | None = None) 
         f"- Wall time: {_duration(wall)} ("
         + ("training, dev and test evaluation" if finished else "training and dev evaluation so far") + ")",
         *(f"- Note: {_relative(n, root)}" for n in notes),
+        *(f"- Warning: invalid evaluation, {w}" for w in invalid_evaluations(rounds, results)),
         "",
     ]
     totals = exchange_totals(rounds)

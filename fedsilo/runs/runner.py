@@ -15,7 +15,7 @@ from fedsilo.config import RunConfig
 from fedsilo.core.tensors import is_finite
 from fedsilo.progress import Display, Progress
 from fedsilo.server import Server, sample_clients
-from fedsilo.tasks.base import MetricSpec, select_best
+from fedsilo.tasks.base import NONFINITE, MetricSpec, select_best
 
 from .build import TOKENIZER_DIR, build_model, build_server, build_task, store_root, task_tokenizer
 from .lock import RunLock
@@ -113,6 +113,9 @@ def run_federation(cfg: RunConfig, run: RunDir, engine, server: Server, spec: Me
         if r % cfg.federation.eval_every == 0 or r == rounds:
             t0 = time.perf_counter()
             dev = spec.summarize(engine.evaluate(server, "dev", progress))
+            if dev.get(NONFINITE):
+                progress.warn(f"round {r}: invalid dev evaluation, the model scored {dev[NONFINITE]:.0f} "
+                              f"item(s) NaN/Inf; this round is never selected as best")
             candidate = {"key": dev["key"], "round": r, "score": dev["score"]}
             if select_best([c for c in (best, candidate) if c]) is candidate:
                 best = candidate
@@ -128,6 +131,9 @@ def run_federation(cfg: RunConfig, run: RunDir, engine, server: Server, spec: Me
         engine.after_checkpoint([r] + ([best["round"]] if best else []))
         _check_progress(cfg, run.read_rounds(), rounds)
 
+    if best is None:
+        raise RunFailed(f"every dev evaluation was invalid (NaN/Inf model scores or a NaN dev {spec.primary}; "
+                        f"see rounds.jsonl): no round can be selected, so there is no model to test")
     best_state = run.load_checkpoint(run.best, identity, server.params, device)
     if best_state is None:
         raise RunDirError(f"{run.path}: no best.pt; the run has no evaluated round")

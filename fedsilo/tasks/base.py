@@ -20,6 +20,11 @@ if TYPE_CHECKING:  # annotations only: reading results (the report) needs no tor
 Stats = dict[str, float | list[float]]  # additive: pooling = element-wise sum
 Metrics = dict[str, float | None]
 
+# A stats key any task may add: how many items the model scored NaN or Inf. Such scores cannot be
+# ranked or averaged honestly (sorting with NaN keys is arbitrary), so one is enough to make the
+# whole evaluation invalid: its macro/pooled metrics are None and it is never selected as best.
+NONFINITE = "nonfinite"
+
 
 def add_stats(a: Mapping[str, Any], b: Mapping[str, Any]) -> Stats:
     """Element-wise sum of two stats dicts (lists are summed position by position)."""
@@ -67,26 +72,44 @@ class MetricSpec:
     signature: str = ""                  # the scorer's reproducibility signature (e.g. sacreBLEU's)
 
     def summarize(self, rows: Sequence[Mapping[str, Any]]) -> dict:
-        """{rows: [{client, task, metrics, stats}], macro: mean over rows, pooled: from summed stats}."""
+        """{rows: [{client, task, metrics, stats}], macro: mean over rows, pooled: from summed stats}.
+
+        A row without a value (nothing to score) is left out of the macro mean; a row with
+        non-finite model scores (`NONFINITE` in its stats) invalidates the whole evaluation instead:
+        the summary then holds `nonfinite` (their total), its averaged metrics are None and its
+        selection key is None, so a broken model never looks like the best one."""
         if not rows:
             raise ValueError("no evaluation rows to summarize")
         out_rows = [{"client": r["client"], "task": r["task"], "stats": dict(r["stats"]),
                      "metrics": self.compute(r["stats"])} for r in rows]
+        nonfinite = sum(float(r["stats"].get(NONFINITE) or 0.0) for r in rows)
         macro: Metrics = {}
         for col in self.columns:
             values = [r["metrics"].get(col.key) for r in out_rows]
             values = [v for v in values if v is not None and not math.isnan(v)]
             macro[col.key] = sum(values) / len(values) if values and col.in_macro else None
         pooled = self.compute(pool([r["stats"] for r in rows]))
+        if nonfinite:
+            for col in self.columns:
+                if col.in_macro:
+                    macro[col.key] = pooled[col.key] = None
         summary = {"rows": out_rows, "macro": macro, "pooled": pooled}
+        if nonfinite:
+            summary[NONFINITE] = nonfinite
         summary["score"] = summary[self.selection].get(self.primary)
         summary["key"] = self.selection_key(summary)
         return summary
 
-    def selection_key(self, summary: Mapping[str, Any]) -> list[float]:
-        """Larger is better; a missing or NaN value ranks last."""
+    def selection_key(self, summary: Mapping[str, Any]) -> list[float] | None:
+        """Larger is better; a missing value (nothing to score) ranks last. None for an invalid
+        evaluation (non-finite model scores, or a NaN primary metric): it is never selected."""
+        if summary.get(NONFINITE):
+            return None
         metrics = summary[self.selection]
-        key = [_signed(metrics.get(self.primary), self.higher_is_better)]
+        primary = metrics.get(self.primary)
+        if primary is not None and math.isnan(primary):
+            return None
+        key = [_signed(primary, self.higher_is_better)]
         if self.tie_break:
             key.append(_signed(metrics.get(self.tie_break), self.tie_break_higher_is_better))
         return key
@@ -118,6 +141,7 @@ def _signed(value: float | None, higher_is_better: bool) -> float:
 
 def select_best(candidates: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """The candidate (a dict with a `key` list) with the largest key; the earliest wins exact ties.
+    A candidate whose key is None (an invalid evaluation) is never picked, even as the only one.
 
     One function for the runner (which round becomes best.pt) and the report (which round it marks)."""
     best = None

@@ -7,9 +7,9 @@ batches (or machines) pools exactly:
 - em: ``em_sum`` — equal to a reference after SQuAD normalisation (lower case, no punctuation or
   articles, single spaces).
 - qa_f1: ``f1_sum`` — the best SQuAD token F1 over the references.
-- rouge_l: ``rouge_sum`` — the best ROUGE-L F-measure over the references, from Google's
-  `rouge-score` (CrossFit used the `rouge` package, whose ROUGE-L differs slightly; a prediction
-  without any non-punctuation character scores 0, as in CrossFit).
+- rouge_l: ``rouge_sum`` — the best ROUGE-L F-measure over the references, by one of two scorers
+  (the task setting ``rouge``; see :func:`rouge_l`). A prediction without any non-punctuation
+  character scores 0, as in CrossFit.
 - macro_f1: ``tp|<label>``, ``fp|<label>``, ``fn|<label>`` — per-label counts over the first
   reference (the gold label) and the prediction; macro F1 is the mean F1 over every label that
   occurs as gold or prediction, an F1 with no support being 0: scikit-learn's
@@ -28,6 +28,7 @@ import re
 import string
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from functools import cache, partial
 from typing import Any
 
 from fedsilo.tasks.base import Column, MetricSpec, Metrics, Stats
@@ -52,25 +53,51 @@ def qa_f1(prediction: str, reference: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-_ROUGE = None
+ROUGE_SCORERS = ("crossfit", "google")
 
 
-def rouge_l(prediction: str, reference: str) -> float:
-    global _ROUGE
-    if _ROUGE is None:
+@cache
+def _scorer(name: str):
+    if name == "crossfit":
+        from rouge import Rouge
+        return Rouge(metrics=["rouge-l"], stats=["f"])  # its ROUGE-L does not depend on the others
+    if name == "google":
         from rouge_score import rouge_scorer
-        _ROUGE = rouge_scorer.RougeScorer(["rougeL"])
+        return rouge_scorer.RougeScorer(["rougeL"])
+    raise ValueError(f"unknown ROUGE-L scorer {name!r}; known: {', '.join(ROUGE_SCORERS)}")
+
+
+def rouge_l(prediction: str, reference: str, scorer: str = "crossfit") -> float:
+    """ROUGE-L F-measure of `prediction` against one `reference`, in [0, 1].
+
+    ``crossfit`` (the default) is what CrossFit's ``get_rouge_over_list`` calls, the `rouge` package
+    (pltrdy): ``Rouge().get_scores(prediction, reference, avg=True)["rouge-l"]["f"]``. FewFedWeight
+    evaluates on CrossFit's tasks with "the widely-used metric" of each, so this is the scorer its
+    numbers are comparable with. It is case-sensitive, splits on spaces only (``"cat,"`` is not
+    ``"cat"``), splits sentences at periods (union LCS), counts distinct words, and adds 1e-8 to the
+    F denominator; a reference without any word (``""``, ``"..."``) is a ValueError there, as in
+    CrossFit. ``google`` is Google's `rouge-score` (``RougeScorer(["rougeL"])``): lower-cased,
+    alphanumeric tokens, one LCS over every token. docs/multitask.md measures the difference."""
+    rouge = _scorer(scorer)
     if not any(ch not in _PUNCT and not ch.isspace() for ch in prediction):
         return 0.0
-    return _ROUGE.score(reference, prediction)["rougeL"].fmeasure
+    if scorer == "google":
+        return rouge.score(reference, prediction)["rougeL"].fmeasure
+    try:
+        return float(rouge.get_scores(prediction, reference, avg=True)["rouge-l"]["f"])
+    except ValueError as err:
+        raise ValueError(f"ROUGE-L ({scorer}): cannot score the prediction {prediction!r} against the "
+                         f"reference {reference!r}: {err}") from None
 
 
 def _best(score, prediction: str, references: Sequence[str]) -> float:
     return max((float(score(prediction, r)) for r in references), default=0.0)
 
 
-def example_stats(metric: str, predictions: Sequence[str], references: Sequence[Sequence[str]]) -> Stats:
-    """The additive statistics of `metric` over aligned predictions and reference lists."""
+def example_stats(metric: str, predictions: Sequence[str], references: Sequence[Sequence[str]],
+                  rouge: str = "crossfit") -> Stats:
+    """The additive statistics of `metric` over aligned predictions and reference lists; `rouge`
+    names the ROUGE-L scorer (:func:`rouge_l`)."""
     n = len(predictions)
     if metric == "acc":
         return {"acc_sum": sum(_best(lambda p, r: p.lower() == r.lower(), p, refs)
@@ -81,7 +108,8 @@ def example_stats(metric: str, predictions: Sequence[str], references: Sequence[
     if metric == "qa_f1":
         return {"f1_sum": sum(_best(qa_f1, p, refs) for p, refs in zip(predictions, references)), "n": n}
     if metric == "rouge_l":
-        return {"rouge_sum": sum(_best(rouge_l, p, refs) for p, refs in zip(predictions, references)), "n": n}
+        score = partial(rouge_l, scorer=rouge)
+        return {"rouge_sum": sum(_best(score, p, refs) for p, refs in zip(predictions, references)), "n": n}
     if metric == "macro_f1":
         counts: Counter = Counter()
         for p, refs in zip(predictions, references):
@@ -112,12 +140,15 @@ def metric_of(stats: Mapping[str, Any]) -> str | None:
 
 
 def macro_f1(stats: Mapping[str, Any]) -> float:
-    labels = {k[3:] for k in stats if k[:3] in ("tp|", "fp|", "fn|")}
-    total = 0.0
+    """Mean per-label F1. `fsum` (exactly rounded) over sorted labels: a plain sum in set order
+    changed the last bits with PYTHONHASHSEED, and `fedsilo compare` then saw wins between
+    identical predictions."""
+    labels = sorted({k[3:] for k in stats if k[:3] in ("tp|", "fp|", "fn|")})
+    f1s = []
     for label in labels:
         tp, fp, fn = (float(stats.get(f"{kind}|{label}", 0.0)) for kind in ("tp", "fp", "fn"))
-        total += 2 * tp / (2 * tp + fp + fn) if tp else 0.0
-    return total / len(labels) if labels else 0.0
+        f1s.append(2 * tp / (2 * tp + fp + fn) if tp else 0.0)
+    return math.fsum(f1s) / len(labels) if labels else 0.0
 
 
 def mcc(stats: Mapping[str, Any]) -> float:
@@ -152,5 +183,6 @@ SPEC = MetricSpec(
     description=("One row per (client, task): score is the task's own CrossFit metric in % (accuracy, "
                  "exact match, QA F1, ROUGE-L or macro F1; MCC for glue-cola) of the greedy prediction "
                  "on its few-shot examples, test loss the mean teacher-forced cross-entropy per target "
-                 "token. The model is selected on the mean score over rows (dev)."),
+                 "token. ROUGE-L is CrossFit's scorer (the `rouge` package) unless the task sets "
+                 "rouge = \"google\" (`rouge-score`). The model is selected on the mean score over rows (dev)."),
 )

@@ -34,6 +34,9 @@ class MultitaskSettings(TaskSettings):
     silos: list[str] | None = Field(None, description="the clients this run (or machine) holds; None: all")
     max_source_length: int = Field(256, gt=0, le=4096)
     max_target_length: int = Field(64, gt=0, le=4096)
+    rouge: Literal["crossfit", "google"] = Field(
+        "crossfit", description="ROUGE-L scorer: crossfit (the `rouge` package CrossFit's evaluation calls, "
+                                "comparable with the paper) or google (`rouge-score`); docs/multitask.md")
 
     @field_validator("tasks")
     @classmethod

@@ -205,7 +205,8 @@ class MultitaskTask:
                     if progress is not None:
                         progress.advance(len(idx))
                 stats = example_stats(CATALOG.get(name).metric, preds,
-                                      [tuple(self._written.get(r, r) for r in e.references) for e in examples])
+                                      [tuple(self._written.get(r, r) for r in e.references) for e in examples],
+                                      rouge=self.settings.rouge)
                 rows.append({"client": client, "task": name,
                              "stats": {**stats, "loss_sum": loss_sum, "loss_n": float(loss_n)}})
         finally:
