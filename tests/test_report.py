@@ -473,3 +473,18 @@ def test_module_does_not_import_torch():
     code = "import sys, fedsilo.runs.report; sys.exit('torch' in sys.modules)"
     repo = Path(report.__file__).parents[2]
     assert subprocess.run([sys.executable, "-c", code], cwd=repo).returncode == 0
+
+
+def test_a_table_wider_than_the_console_prints_whole(tmp_path):
+    """mean ± sd cells made the study table wider than the console: rich squeezed the method column to
+    nothing and cut cells to '0.…'. Now the table prints at its own width and the console's is kept."""
+    cell = "0.4720 ± 0.0048 / 0.4850 ± 0.0094"
+    rows = [["MAP / MRR, mean ± sd (n=2)", *(f"silo{i}" for i in range(6))],
+            ["fedmatch", *([cell] * 6)]]
+    with open(tmp_path / "out.txt", "w") as out:
+        console = Console(width=80, file=out)
+        report._print_grid(console, "study", rows)
+        assert console.width == 80
+    text = (tmp_path / "out.txt").read_text()
+    line = next(x for x in text.splitlines() if "fedmatch" in x)
+    assert line.count(cell) == 6 and "…" not in text

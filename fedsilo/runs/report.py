@@ -448,13 +448,21 @@ def print_results(
 
 
 def _print_grid(console: Console, title: str, rows: list[list[str]]) -> None:
+    """A table printed whole: wider than the console, it is printed at its own width (lines wrap in a
+    narrow terminal) rather than squeezed until row names vanish and cells end in '…'."""
     grid = Table(title=title)
-    grid.add_column(rows[0][0], style="bold")
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    grid.add_column(rows[0][0], style="bold", no_wrap=True, min_width=widths[0])
     for col in rows[0][1:]:
         grid.add_column(col, justify="right", no_wrap=True)
     for row in rows[1:]:
         grid.add_row(*row)
-    console.print(grid)
+    width = console.width
+    console.width = max(width, sum(widths) + 3 * len(widths) + 1)
+    try:
+        console.print(grid)
+    finally:
+        console.width = width
 
 
 # ----------------------------------------------------------------- best round
