@@ -1,4 +1,5 @@
-"""A `fedsilo run` in its own process, SIGKILLed once it has logged round 1 (crash tests)."""
+"""Crash tests: a `fedsilo run` in its own process SIGKILLed once it has logged round 1, or an in-process
+run interrupted in round 2."""
 from __future__ import annotations
 
 import os
@@ -26,3 +27,25 @@ def past_round_1(config: Path, out: Path, **env: str) -> Iterator[subprocess.Pop
     finally:
         proc.kill()
         proc.wait()
+
+
+def interrupted_in_round_two(monkeypatch, cfg, out: Path) -> None:
+    """Run `cfg` into `out` until round 2's second client is about to train, then raise KeyboardInterrupt
+    (as Ctrl-C would); the real training loop is back in place afterwards."""
+    import pytest
+
+    import fedsilo.client.silo as silo
+    from fedsilo.runs.runner import run_experiment
+
+    real, calls = silo.train_local, {"n": 0}
+
+    def dies_in_round_two(*a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 5:  # round 2, second client
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+
+    monkeypatch.setattr(silo, "train_local", dies_in_round_two)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(cfg, out, show_progress=False)
+    monkeypatch.setattr(silo, "train_local", real)

@@ -7,6 +7,7 @@ import torch
 from fedsilo.config import validate
 from fedsilo.core.weighting import client_weights
 from fedsilo.runs.runner import run_experiment
+from tests.killed_run import interrupted_in_round_two
 from tests.synth import tiny_config, write_silos
 
 
@@ -84,27 +85,12 @@ def test_resume_of_a_finished_run_returns_its_results_without_work(tmp_path, dat
 
 
 def test_interrupted_round_leaves_last_good_checkpoint(tmp_path, data_dir, monkeypatch):
-    import fedsilo.client.silo as silo
-
     cfg = validate(tiny_config(data_dir, federation={"rounds": 2}))
     run_experiment(cfg, tmp_path / "full", show_progress=False)
-
-    real = silo.train_local
-    calls = {"n": 0}
-
-    def dies_in_round_two(*a, **kw):
-        calls["n"] += 1
-        if calls["n"] == 5:  # round 2, second client
-            raise KeyboardInterrupt
-        return real(*a, **kw)
-
-    monkeypatch.setattr(silo, "train_local", dies_in_round_two)
-    with pytest.raises(KeyboardInterrupt):
-        run_experiment(cfg, tmp_path / "cut", show_progress=False)
+    interrupted_in_round_two(monkeypatch, cfg, tmp_path / "cut")
     state = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
     assert state["round"] == 1
     assert not list((tmp_path / "cut").glob("*.tmp"))
-    monkeypatch.setattr(silo, "train_local", real)
     run_experiment(cfg, tmp_path / "cut", resume=True, show_progress=False)
     a, b = final_params(tmp_path / "full"), final_params(tmp_path / "cut")
     assert all(torch.equal(a[k], b[k]) for k in a)

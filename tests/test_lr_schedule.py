@@ -12,6 +12,7 @@ from fedsilo.client.train import train_local
 from fedsilo.config import ClientConfig, ConfigError, PersonalConfig, validate
 from fedsilo.core.exchange import ExchangePlan
 from fedsilo.runs.runner import run_experiment
+from tests.killed_run import interrupted_in_round_two
 from tests.synth import tiny_config, write_silos
 
 
@@ -213,25 +214,12 @@ def test_schedule_settings_are_per_silo_and_checked_there():
 def test_resume_with_a_schedule_is_bit_identical(tmp_path, monkeypatch):
     """A run cut in round 2 and resumed ends where the unbroken run ends (the schedule is rebuilt at
     each client's persisted steps_done; the optimiser state persists too)."""
-    import fedsilo.client.silo as silo
-
     data = write_silos(tmp_path / "data")
     cfg = validate(tiny_config(data, federation={"rounds": 3},
                                client={"optimizer": "adamw", "lr_schedule": "linear", "warmup": 0.2,
                                        "persist_optimizer": True}))
     run_experiment(cfg, tmp_path / "full", show_progress=False)
-    real, calls = silo.train_local, {"n": 0}
-
-    def dies_in_round_two(*a, **kw):
-        calls["n"] += 1
-        if calls["n"] == 5:  # round 2, second client
-            raise KeyboardInterrupt
-        return real(*a, **kw)
-
-    monkeypatch.setattr(silo, "train_local", dies_in_round_two)
-    with pytest.raises(KeyboardInterrupt):
-        run_experiment(cfg, tmp_path / "cut", show_progress=False)
-    monkeypatch.setattr(silo, "train_local", real)
+    interrupted_in_round_two(monkeypatch, cfg, tmp_path / "cut")
     run_experiment(cfg, tmp_path / "cut", resume=True, show_progress=False)
     a, b = (torch.load(tmp_path / r / "checkpoint.pt", weights_only=True)["server"]["params"] for r in ("full", "cut"))
     assert all(torch.equal(a[k], b[k]) for k in a)
