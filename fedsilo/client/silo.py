@@ -75,11 +75,11 @@ class SiloClient:
         return rows, self.task.pad, [row_length(r) for r in rows]
 
     def planned_steps(self) -> int:
-        batches = -(-len(self.examples) // self.cfg.batch_size)
-        accum = self.cfg.grad_accum
-        per_epoch = (1 if batches <= accum else batches // accum) if accum > 1 else batches
-        personal = self.cfg.personal.epochs * per_epoch if self.cfg.personal is not None else 0
-        return (self.cfg.steps or self.cfg.epochs * per_epoch) + personal
+        cfg = self.cfg
+        own = round_steps(len(self.examples), cfg.batch_size, cfg.grad_accum, cfg.epochs, cfg.steps)
+        personal = round_steps(len(self.examples), cfg.batch_size, cfg.grad_accum, cfg.personal.epochs) \
+            if cfg.personal is not None else 0
+        return own + personal
 
     def _state(self) -> ClientState:
         return self.store.get(self.name) or ClientState()
