@@ -7,7 +7,9 @@ applied as `fedsilo study` does, fedsilo.runs.study.seeded: model init, data ord
 its own generic engine (stage 1 is seeded too: its model init differs), then that seed's runs start
 from it (model.init_from = OUT/generic/seed-S), the chained links from that seed's previous link and
 the post-FL fine-tuning from that seed's FedAvg. All runs of one seed finish before the next seed
-starts, so an interrupted study already holds a whole comparison.
+starts, so an interrupted study already holds a whole comparison. `--jobs N` runs N seeds' chains at
+once, each in its own process with cores // N torch threads and one engine worker (a 2-core machine
+keeps both cores busy through the single-client stages: generic, alone, chained, combination).
 
 Then writes a markdown report: the paper's tables as cross-domain BLEU matrices (each cell mean ± sd
 over the seeds), the parameters each method exchanged per round as a share of FedAvg's (round 1 and
@@ -21,8 +23,13 @@ a re-run (results.json present).
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import platform
+import subprocess
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import date
 from pathlib import Path
 
@@ -88,18 +95,26 @@ def config(name: str, out: Path, scale: str, seed: int, multi: bool) -> RunConfi
     return cfg.model_copy(update={"name": f"{cfg.name}/seed-{seed}"}) if multi else cfg
 
 
-def run_all(out: Path, scale: str, only: set[str] | None, seeds: list[int]) -> dict[str, dict[int, dict]]:
-    """name → seed → results; every name of one seed before the next seed."""
+def run_all(out: Path, scale: str, only: set[str] | None, seeds: list[int],
+            multi: bool | None = None, threads: int | None = None) -> dict[str, dict[int, dict]]:
+    """name → seed → results; every name of one seed before the next seed. `threads`: a fixed torch thread
+    count and one engine worker (a chain running beside others, `--jobs`)."""
     from fedsilo.runs.runner import run_experiment
 
-    multi = len(seeds) > 1
+    multi = len(seeds) > 1 if multi is None else multi
     results: dict[str, dict[int, dict]] = {}
     for seed in seeds:
         for name in ORDER:
             target = run_dir(out, name, seed, multi)
             if only and name not in only and not (target / "results.json").is_file():
                 continue
+            if (target / "results.json").is_file():  # finished (also by a chain of --jobs): read, not resumed
+                results.setdefault(name, {})[seed] = json.loads((target / "results.json").read_text())
+                continue
             cfg = config(name, out, scale, seed, multi)
+            if threads is not None:
+                cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"threads": threads,
+                                                                                     "workers": 1})})
             t0 = time.perf_counter()
             print(f"[nmt study] {name} seed {seed}: {' '.join(config_for(name, out, scale, seed, multi)[1])}",
                   flush=True)
@@ -303,6 +318,22 @@ def claims(runs: dict[str, list[dict]], out: Path, seeds: list[int]) -> list[str
     ]
 
 
+def run_chains(out: Path, scale: str, only: str, seeds: list[int], jobs: int) -> None:
+    """Each seed's chain in its own process, `jobs` at a time; a failed chain is reported, not fatal."""
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "OMP_NUM_THREADS": str(threads)}
+
+    def chain(seed: int) -> int:
+        command = [sys.executable, __file__, "--out", str(out), "--scale", scale, "--seeds", str(seed),
+                   "--chain-threads", str(threads)] + (["--only", only] if only else [])
+        return subprocess.run(command, env=env).returncode
+
+    with ThreadPoolExecutor(jobs) as pool:
+        for seed, code in zip(seeds, pool.map(chain, seeds)):
+            if code:
+                print(f"[nmt study] the chain of seed {seed} failed (exit {code}); its runs are missing", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/nmt"))
@@ -310,13 +341,22 @@ def main() -> None:
     parser.add_argument("--scale", choices=("cpu", "paper"), default="cpu")
     parser.add_argument("--only", default="", help="comma-separated experiments to run (others: as recorded)")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds, each experiment runs once per seed")
+    parser.add_argument("--jobs", type=int, default=1, help="seeds' chains run at once (processes)")
+    parser.add_argument("--chain-threads", type=int, default=None, help=argparse.SUPPRESS)  # one chain of --jobs
     args = parser.parse_args()
     try:
         seeds = parse_seeds(args.seeds)
     except ValueError as err:
         parser.error(str(err))
     only = set(filter(None, args.only.split(","))) or None
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
+    if args.chain_threads is not None:  # one seed's chain, started by run_chains: the seed-S layout
+        run_all(args.out, args.scale, only, seeds, multi=True, threads=args.chain_threads)
+        return
     t0 = time.perf_counter()
+    if args.jobs > 1 and len(seeds) > 1:
+        run_chains(args.out, args.scale, args.only, seeds, args.jobs)  # then run_all below reads them back
     results = run_all(args.out, args.scale, only, seeds)
     print(f"[nmt study] all runs in {time.perf_counter() - t0:.0f}s", flush=True)
     if ran_all(results, "fedavg", seeds):

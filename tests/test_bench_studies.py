@@ -276,3 +276,38 @@ def test_multitask_measure_runs_one_variant_and_seed(tmp_path, monkeypatch):
     run = tmp_path / "out" / "fedavg" / "seed-1"
     assert json.loads((run / "results.json").read_text())["test"]["rows"]
     assert "seed = 1" in (run / "config.toml").read_text() and (run / "peak_rss.json").is_file()
+
+
+def test_nmt_jobs_run_each_seed_chain_in_its_own_process_then_read_back(tmp_path, monkeypatch):
+    calls = []
+
+    class Done:
+        returncode = 0
+
+    def fake(command, env):
+        calls.append((command[command.index("--seeds") + 1], command[command.index("--chain-threads") + 1],
+                      env["OMP_NUM_THREADS"]))
+        return Done()
+
+    monkeypatch.setattr(nmt.subprocess, "run", fake)
+    monkeypatch.setattr(nmt.os, "cpu_count", lambda: 4)
+    nmt.run_chains(tmp_path, "cpu", "", [0, 1, 2], jobs=2)
+    assert sorted(calls) == [("0", "2", "2"), ("1", "2", "2"), ("2", "2", "2")]
+
+    import fedsilo.runs.runner as runner
+    ran = []
+
+    def fake_run(cfg, target, resume, show_progress):
+        ran.append((cfg.engine.threads, cfg.engine.workers, target))
+        return {"seed": cfg.seed}
+
+    monkeypatch.setattr(runner, "run_experiment", fake_run)
+    nmt.run_all(tmp_path, "cpu", None, [1], multi=True, threads=2)  # what one chain process does
+    assert {r[:2] for r in ran} == {(2, 1)} and all(r[2].name == "seed-1" for r in ran)
+    for name in nmt.ORDER:  # finished runs are read back from results.json, never resumed
+        (tmp_path / name / "seed-0").mkdir(parents=True, exist_ok=True)
+        (tmp_path / name / "seed-0" / "results.json").write_text(json.dumps({"name": name}))
+    ran.clear()
+    res = nmt.run_all(tmp_path, "cpu", None, [0, 1])
+    assert ran and all(r[2].name == "seed-1" for r in ran)  # seed 0: nothing re-run
+    assert res["fedavg"] == {0: {"name": "fedavg"}, 1: {"seed": 1}}
