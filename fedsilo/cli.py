@@ -281,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from fedsilo.config import ConfigError
     from fedsilo.datafetch import DataError
+    from fedsilo.errors import FedsiloError
     from fedsilo.registry import UnknownChoice
     from fedsilo.runs.rundir import RunDirError
     from fedsilo.runs.runner import RunFailed
@@ -290,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     restore_sigterm = _sigterm_unwinds()
     try:
         return args.func(args)
-    except (UserError, ConfigError, DataError, RunDirError, UnknownChoice, FileNotFoundError,
+    except (UserError, FedsiloError, ConfigError, DataError, RunDirError, UnknownChoice, FileNotFoundError,
             NotADirectoryError, IsADirectoryError, PermissionError, FileExistsError, RunFailed) as err:
         print(f"fedsilo: error: {err}", file=sys.stderr)
         return 2
