@@ -21,7 +21,7 @@ from fedsilo.client.hooks import ROUND_HOOKS
 from fedsilo.client.objective import CLIENT_OBJECTIVES, REGULARIZERS
 from fedsilo.client.optim import CLIENT_OPTIMIZERS
 from fedsilo.client.schedule import LR_SCHEDULES, Span
-from fedsilo.core.aggregate import AGGREGATIONS
+from fedsilo.core.aggregate import AGGREGATIONS, ROBUST_MIN_CLIENTS
 from fedsilo.core.exchange import DOWNLOADS, OVERWRITES, SELECTORS
 from fedsilo.core.server_opt import SERVER_OPTIMIZERS
 from fedsilo.core.weighting import WEIGHTINGS
@@ -40,6 +40,7 @@ def choice(registry: Registry) -> Any:
 
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+Limit = FiniteFloat | Literal["off"]  # a safeguard's limit, or "off"
 
 
 class Strict(BaseModel):
@@ -55,7 +56,10 @@ class SurgeryConfig(Strict):
     def _options(self) -> "SurgeryConfig":
         settings = SURGERIES.entry(self.name).settings
         if settings is not None:
-            settings.model_validate(self.options)
+            try:
+                settings.model_validate(self.options)
+            except ValidationError as err:  # name the option as the user wrote it
+                raise _TaskSectionError(_where_what(err, prefix="model.surgery.options")) from None
         elif self.options:
             raise ValueError(f"surgery {self.name!r} takes no options")
         return self
@@ -85,6 +89,17 @@ class ModelConfig(Strict):
     surgery: SurgeryConfig | None = None
     init_from: str | None = Field(None, description="start from this run directory's best.pt (the global "
                                                     "model) or a checkpoint file, e.g. a generic engine")
+
+    @model_validator(mode="after")
+    def _surgery_fits_model(self) -> "ModelConfig":
+        # A surgery may refuse a model by kind and name before it is built (patches: no seq2seq model).
+        check = getattr(SURGERIES.entry(self.surgery.name).settings, "check_model", None) if self.surgery else None
+        if check is not None:
+            try:
+                check(self.kind, self.name)
+            except ValueError as err:
+                raise _TaskSectionError(f"model.surgery: {err}") from None
+        return self
 
 
 class PersonalConfig(Strict):
@@ -207,11 +222,29 @@ class FederationConfig(Strict):
     clip_norm: FiniteFloat | None = Field(None, gt=0, description="clip each client's update to this L2 norm")
     max_client_weight: float | None = Field(
         None, gt=0, le=1, description="cap on any client's weight p_i; the excess goes to the others")
-    max_update_ratio: FiniteFloat | None = Field(
-        1000.0, gt=0, description="reject a client update, or skip a server step, longer than this many "
-                                  "times the global tensors' norm (None: no limit)")
+    max_weight_ratio: Limit = Field(
+        10.0, description="no client's weight above this many times the median of the others' weights (sizes "
+                          "and statistics are self-reported); \"off\": the weighting policy's weights as they are")
+    max_update_ratio: Limit = Field(
+        100.0, description="reject a client update whose RMS exceeds this many times the median RMS of the other "
+                           "updates in the same round (\"off\": no limit)")
+    max_step_ratio: Limit = Field(
+        1000.0, description="skip a server step longer than this many times the global tensors' norm "
+                            "(\"off\": no limit)")
     max_failed_rounds: int = Field(
         3, gt=0, strict=True, description="stop the run after this many rounds in a row applied no update")
+
+    @field_validator("max_weight_ratio", "max_update_ratio", "max_step_ratio", mode="before")
+    @classmethod
+    def _limit(cls, v: object, info: ValidationInfo) -> object:
+        if v is None:  # TOML cannot write None, and config.toml leaves None out: "off" survives a resume
+            return "off"
+        step = info.field_name == "max_step_ratio"  # a peer ratio below 1 would reject everyone
+        if isinstance(v, bool) or (isinstance(v, (int, float)) and not (
+                math.isfinite(v) and (v > 0 if step else v >= 1))):
+            raise ValueError(f"federation.{info.field_name} must be a finite number {'> 0' if step else '≥ 1'}, "
+                             "or \"off\"")
+        return v
 
     @model_validator(mode="after")
     def _aggregation(self) -> "FederationConfig":
@@ -257,9 +290,12 @@ class ExchangeConfig(Strict):
     def _options(self) -> "ExchangeConfig":
         settings = SELECTORS.entry(self.upload).settings
         if settings is not None:
-            settings.model_validate(self.upload_options)
+            try:
+                settings.model_validate(self.upload_options)
+            except ValidationError as err:  # named in full: exchange.upload_options.<key>
+                raise _TaskSectionError(_where_what(err, prefix="exchange.upload_options")) from None
         elif self.upload_options:
-            raise ValueError(f"selector {self.upload!r} takes no options")
+            raise _TaskSectionError(f"exchange.upload_options: selector {self.upload!r} takes no options")
         return self
 
 
@@ -270,7 +306,8 @@ class EngineConfig(Strict):
     workers: int | Literal["auto"] = Field(
         "auto", description="worker processes training a round's clients at once, each with its own working "
                             "model and a share of the threads; 1: one after another in this process; auto: "
-                            "one per CPU core (at most 4), or one per GPU")
+                            "one per CPU core (at most 4), or one per GPU; may change on resume (results equal "
+                            "across worker counts at equal threads per client)")
     threads: int | Literal["auto"] = Field(
         "auto", description="CPU threads torch uses for training and evaluation, in all: one process uses them "
                             "all, each of `workers` worker processes gets threads // workers (at least 1); "
@@ -278,11 +315,11 @@ class EngineConfig(Strict):
     token_cache: bool = Field(True, description="keep each silo's tokenised examples on disk ($FEDSILO_CACHE_DIR, "
                                                 "else ~/.cache/fedsilo), keyed by tokenizer, settings and text")
 
-    @field_validator("workers", "threads", mode="before")  # before: pydantic would take `true` as 1
+    @field_validator("workers", "threads", mode="before")  # before: pydantic would take true, 1.0, "2" as counts
     @classmethod
-    def _positive_count(cls, v: int | str, info: ValidationInfo) -> int | str:
-        if isinstance(v, int) and (isinstance(v, bool) or v < 1):
-            raise ValueError(f"engine.{info.field_name} must be a positive count or \"auto\"")
+    def _positive_count(cls, v: Any, info: ValidationInfo) -> int | str:
+        if v != "auto" and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"engine.{info.field_name} must be a positive count or \"auto\", got {_fmt(v)}")
         return v
 
 
@@ -332,6 +369,21 @@ class RunConfig(Strict):
                 ClientConfig.model_validate({**self.client.model_dump(), **override.model_dump(exclude_none=True)})
             except ValidationError as err:
                 raise _TaskSectionError(_where_what(err, prefix=f"clients.{name}")) from None
+        return self
+
+    @model_validator(mode="after")
+    def _robust_rule_has_clients(self) -> "RunConfig":
+        # The median of 2 is their mean and a trimmed mean of 2 trims nothing: refuse, do not pretend.
+        f = self.federation
+        if self.paradigm != "federated" or AGGREGATIONS.get(f.aggregation).weighted:
+            return self
+        silos = len(self.task.client_names())
+        per_round = min(silos, f.sample_count or max(1, round(f.sample_fraction * silos)))
+        if per_round < ROBUST_MIN_CLIENTS:
+            raise ValueError(f"federation.aggregation = {f.aggregation!r} cannot be robust with {per_round} "
+                             f"client(s) per round (it needs at least {ROBUST_MIN_CLIENTS}: the median of two is "
+                             "their mean); use more silos, or aggregation = \"mean\" with the update and weight "
+                             "limits (max_update_ratio, max_weight_ratio)")
         return self
 
     @model_validator(mode="after")

@@ -13,3 +13,12 @@ class StoreError(FedsiloError, ValueError):
 
 class CacheError(FedsiloError, ValueError):
     """A cache entry that cannot be used and cannot be rebuilt."""
+
+
+class SurgeryError(FedsiloError, ValueError):
+    """A model surgery (`model.surgery`) that cannot be applied to the model the config builds."""
+
+
+class WorkerLost(FedsiloError, RuntimeError):
+    """A worker process training clients died (killed, out of memory); the run's last complete
+    checkpoint is kept, so `--resume` continues (not the run's own failure: nothing is recorded)."""

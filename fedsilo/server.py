@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from dataclasses import dataclass, field
 
 import torch
 
-from fedsilo.core.aggregate import AGGREGATIONS, RoundAggregator
+from fedsilo.core.aggregate import AGGREGATIONS, ROBUST_MIN_CLIENTS, RoundAggregator
 from fedsilo.core.exchange import ExchangePlan
 from fedsilo.core.server_opt import ServerOptimizer
 from fedsilo.core.tensors import Tensors, clone, is_finite, nbytes, numel
@@ -78,28 +79,45 @@ def _json_number(x: float) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
 
 
+@dataclass
+class _Pending:
+    """An update that passed the per-client checks, held until the round's peers are known."""
+    client: str
+    delta: Tensors
+    n_examples: int
+    value: float
+    rms: float  # ‖Δ‖ per uploaded element: comparable across clients that upload different tensors
+
+
 class Server:
     """Safeguards against a buggy or hostile client (docs/reliability.md): updates are checked in
-    the server's dtype, sizes against what each silo registered, an update far larger than the
-    global tensors (`max_update_ratio`) is rejected, `clip_norm` bounds each update, and a round
-    whose aggregate would break the global tensors is skipped, never applied."""
+    the server's dtype and sizes against what each silo registered; an update far larger than the
+    other clients' in the same round (`max_update_ratio`, against their median: a reference one
+    silo cannot inflate) is rejected; `clip_norm` bounds each update; no weight exceeds
+    `max_weight_ratio` × the others' median; a round whose aggregate or server step would break the
+    global tensors (`max_step_ratio`) is skipped, never applied."""
 
     def __init__(self, global_tensors: Tensors, optimizer: ServerOptimizer, weighting: str,
                  plan: ExchangePlan | None = None, weighting_stat: str | None = None, *,
                  aggregation: str = "mean", aggregation_options: dict | None = None,
-                 max_client_weight: float | None = None, clip_norm: float | None = None,
-                 max_update_ratio: float | None = None) -> None:
+                 max_client_weight: float | None = None, max_weight_ratio: float | None = None,
+                 clip_norm: float | None = None, max_update_ratio: float | None = None,
+                 max_step_ratio: float | None = None) -> None:
         self.params = clone(global_tensors)
         self.optimizer = optimizer
         self.weighting = weighting
         self.stat = weighting_stat or WEIGHTINGS.get(weighting).reads
         self.plan = plan or ExchangePlan()
         self.aggregation, self.aggregation_options = aggregation, aggregation_options
-        self.max_client_weight, self.clip_norm, self.max_update_ratio = max_client_weight, clip_norm, max_update_ratio
+        weighted = AGGREGATIONS.get(aggregation).weighted
+        self.max_client_weight = max_client_weight
+        self.max_weight_ratio = max_weight_ratio if weighted else None  # robust rules count each client once
+        self.clip_norm, self.max_update_ratio, self.max_step_ratio = clip_norm, max_update_ratio, max_step_ratio
         self.registered: dict[str, int] = {}  # silo → the number of examples it declared at the start
         self.uploaded: dict[str, list[str]] = {}  # per client: the names it uploaded last (download policies)
         self.round = 0
         self._agg: RoundAggregator | None = None
+        self._pending: list[_Pending] = []
         self._record: dict = {}
         self._sent: dict[str, int] = {}  # bytes sent to each client this round
         self._sent_params: dict[str, int] = {}
@@ -111,8 +129,9 @@ class Server:
     def begin_round(self, round_idx: int) -> None:
         self.round = round_idx
         self._agg = RoundAggregator(self.weighting, like=self.params, rule=self.aggregation,
-                                    options=self.aggregation_options, max_weight=self.max_client_weight)
-        self._record, self._sent, self._sent_params = {}, {}, {}
+                                    options=self.aggregation_options, max_weight=self.max_client_weight,
+                                    max_ratio=self.max_weight_ratio)
+        self._record, self._sent, self._sent_params, self._pending = {}, {}, {}, []
 
     def payload(self, client: str) -> Tensors:
         """The tensors this client receives this round; their bytes are counted as sent."""
@@ -130,7 +149,7 @@ class Server:
         return reason
 
     def _delta(self, client: str, update: ClientUpdate) -> tuple[Tensors | None, str | None, float | None]:
-        """Δ_i in the server's dtype and device, clipped; or the reason it cannot be used."""
+        """Δ_i in the server's dtype and device and its L2 norm; or the reason it cannot be used."""
         if self.registered and client not in self.registered:
             return None, f"{client!r} is not a registered silo", None
         reason = reject_reason(update, self.params, self.registered.get(client))
@@ -144,18 +163,14 @@ class Server:
         norm = _norm(delta)
         if not math.isfinite(norm):
             return None, "the update's difference to the global tensors overflows", None
-        scale = max(_norm({k: self.params[k] for k in delta}), 1.0)
-        if self.max_update_ratio is not None and norm > self.max_update_ratio * scale:
-            return None, (f"update norm {norm:.3g} is {norm / scale:.3g}× the global tensors' norm "
-                          f"(limit federation.max_update_ratio = {self.max_update_ratio:g})"), None
-        if self.clip_norm is not None and norm > self.clip_norm:
-            for t in delta.values():
-                t.mul_(self.clip_norm / norm)
-            return delta, None, norm
-        return delta, None, None
+        return delta, None, norm
 
     def receive(self, client: str, update: ClientUpdate) -> str | None:
-        """Fold one client's update into the round; returns a rejection reason, or None."""
+        """Take one client's update; returns a rejection reason, or None. With `max_update_ratio` the
+        update is held until `end_round` compares it with the round's other updates."""
+        if client in self._record:  # a reply delivered twice must not count twice
+            self._record[client]["duplicates"] = self._record[client].get("duplicates", 0) + 1
+            return f"a second update from {client!r} in round {self.round} (only the first counts)"
         entry = {
             "n_examples": update.n_examples, "steps": update.steps, "losses": update.losses,
             "delta_loss": _json_number(update.delta_loss), "mean_loss": _json_number(update.mean_loss),
@@ -172,23 +187,59 @@ class Server:
             entry["phase_seconds"] = phases
         if "lr/last" in update.stats:  # a client lr schedule: the rate of its last optimiser step
             entry["lr_last"] = _json_number(update.stats["lr/last"])
-        delta, reason, clipped_from = self._delta(client, update)
+        self._record[client] = entry
+        delta, reason, norm = self._delta(client, update)
         if reason:
             entry["rejected"] = reason
             if not isinstance(update.n_examples, int):
                 entry["n_examples"] = None  # keep rounds.jsonl valid JSON
+            return reason
+        value = update.stats.get(self.stat, math.nan) if self.stat else math.nan
+        pending = _Pending(client, delta, update.n_examples, value, norm / math.sqrt(max(numel(delta), 1)))
+        if self.max_update_ratio is None:
+            self._fold(pending, norm)
         else:
-            if clipped_from is not None:
-                entry["clipped_from"] = clipped_from
-            value = update.stats.get(self.stat, math.nan) if self.stat else math.nan
-            self._agg.add(client, delta, update.n_examples, value)
-            self.uploaded[client] = list(update.tensors)
-        self._record[client] = entry
-        return reason
+            entry["norm"] = norm
+            self._pending.append(pending)
+        return None
+
+    def _fold(self, pending: _Pending, norm: float) -> None:
+        """Clip to `clip_norm` and add to the round's aggregate."""
+        if self.clip_norm is not None and norm > self.clip_norm:
+            for t in pending.delta.values():
+                t.mul_(self.clip_norm / norm)
+            self._record[pending.client]["clipped_from"] = norm
+        self._agg.add(pending.client, pending.delta, pending.n_examples, pending.value)
+        self.uploaded[pending.client] = list(pending.delta)
+
+    def _screen(self) -> dict[str, str]:
+        """Reject each held update whose RMS exceeds `max_update_ratio` × the median RMS of the other
+        updates this round, then fold the rest in arrival order. A lone update has nothing to be
+        compared with; zero-length peers bound nothing. Returns {client: reason} of the rejected."""
+        rejected = {}
+        rms = [p.rms for p in self._pending]
+        for i, pending in enumerate(self._pending):
+            others = [r for j, r in enumerate(rms) if j != i and r > 0]
+            ref = statistics.median(others) if others else None
+            if ref is not None and pending.rms > self.max_update_ratio * ref:
+                rejected[pending.client] = (
+                    f"update RMS {pending.rms:.3g} is {pending.rms / ref:.3g}× the median of the other "
+                    f"{len(others)} updates this round (limit federation.max_update_ratio = "
+                    f"{self.max_update_ratio:g})")
+        while self._pending:  # popped as folded: the round holds one fewer copy at each step
+            pending = self._pending.pop(0)
+            entry = self._record[pending.client]
+            norm = entry.pop("norm")
+            if pending.client in rejected:
+                entry["rejected"] = rejected[pending.client]
+            else:
+                self._fold(pending, norm)
+        return rejected
 
     def end_round(self) -> dict:
         """Aggregate and step the server optimiser — unless the result would break the global
         tensors: then the round is skipped (recorded with the reason). Returns the round's record."""
+        late = self._screen()
         delta, weights = self._agg.finish()
         for i, client in enumerate(self._agg.clients):
             entry = self._record[client]
@@ -203,7 +254,7 @@ class Server:
         elif not is_finite(delta):
             skipped = "the aggregate of the accepted updates is not finite"
         else:
-            skipped = self.optimizer.check_step(self.params, delta, self.max_update_ratio)
+            skipped = self.optimizer.check_step(self.params, delta, self.max_step_ratio)
         if skipped is None:
             with torch.no_grad():
                 self.optimizer.step(self.params, delta)
@@ -217,6 +268,12 @@ class Server:
                   "sent": dict(self._sent)}
         if skipped:
             record["skipped"] = skipped
+        if late:  # rejected against the round's other updates: the engines warn from the record
+            record["rejected_at_end"] = late
+        robust = AGGREGATIONS.get(self.aggregation).weighted is False
+        if robust and 0 < len(self._agg.clients) < ROBUST_MIN_CLIENTS:
+            record["not_robust"] = (f"{self.aggregation} of {len(self._agg.clients)} update(s) is their mean: "
+                                    f"a robust rule needs at least {ROBUST_MIN_CLIENTS}")
         self._agg = None
         return record
 

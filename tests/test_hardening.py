@@ -26,7 +26,8 @@ HONEST = ("h1", "h2", "h3", "h4")
 
 def _server(weighting="size", lr=1.0, **kw) -> Server:
     params = {"w": torch.ones(4), "b": torch.zeros(2)}
-    server = Server(params, ServerOptimizer("fedavg", lr), weighting, **{"max_update_ratio": 1000.0, **kw})
+    limits = {"max_update_ratio": 100.0, "max_step_ratio": 1000.0, "max_weight_ratio": 10.0}  # the defaults
+    server = Server(params, ServerOptimizer("fedavg", lr), weighting, **{**limits, **kw})
     server.register({c: 10 for c in (*HONEST, "evil")})
     server.begin_round(1)
     return server
@@ -41,13 +42,14 @@ def _honest_round(server, evil: ClientUpdate | None = None, values=(1.1, 1.1)):
     for name, v in zip(HONEST, values):
         assert server.receive(name, _update(v)) is None
     reason = server.receive("evil", evil) if evil is not None else None
-    return reason, server.end_round()
+    record = server.end_round()
+    return reason or record["clients"].get("evil", {}).get("rejected"), record
 
 
 POISON = {
-    "float32 1e37": (torch.full((4,), 1e37), "norm"),
+    "float32 1e37": (torch.full((4,), 1e37), "median of the other"),
     "float64 1e300": (torch.full((4,), 1e300, dtype=torch.float64), "overflow the server's dtype"),
-    "float32 1e30": (torch.full((4,), 1e30), "norm"),
+    "float32 1e30": (torch.full((4,), 1e30), "median of the other"),
     "complex": (torch.ones(4, dtype=torch.complex64), "dtype"),
     "NaN": (torch.tensor([1.0, math.nan, 1.0, 1.0]), "non-finite"),
     "integer": (torch.ones(4, dtype=torch.int64), "dtype"),
@@ -77,9 +79,9 @@ def test_self_reported_size_is_bounded_by_what_the_silo_registered(n, why):
 
 
 def test_overflowing_aggregate_is_skipped_not_applied():
-    """With the norm guard off, a finite 3e38 update passes the per-client checks, but its
-    size-weighted sum overflows float32: the round is skipped and the model is unchanged."""
-    server = _server(max_update_ratio=None)
+    """With the limits off (streaming mean), a finite 3e38 update passes the per-client checks, but
+    its size-weighted sum overflows float32: the round is skipped and the model is unchanged."""
+    server = _server(max_update_ratio=None, max_step_ratio=None, max_weight_ratio=None)
     before = {k: v.clone() for k, v in server.params.items()}
     reason, record = _honest_round(server, _update(3e38))
     assert reason is None
@@ -89,7 +91,7 @@ def test_overflowing_aggregate_is_skipped_not_applied():
 
 @pytest.mark.parametrize("lr, ratio, why", [(1e30, 1000.0, "norm"), (1e38, None, "non-finite")])
 def test_diverging_server_step_is_skipped(lr, ratio, why):
-    server = _server(lr=lr, max_update_ratio=ratio)
+    server = _server(lr=lr, max_step_ratio=ratio)
     _, record = _honest_round(server, values=(1.0 + 10, 1.0 + 10))
     assert not record["applied"] and why in record["skipped"]
     assert torch.equal(server.params["w"], torch.ones(4))
@@ -121,16 +123,16 @@ def test_one_bad_delta_loss_falls_back_alone(bad):
     assert entries["h2"]["weight"] == pytest.approx(0.8 * 0.3 / 0.6)  # the rest by n·ΔL
 
 
-def _byzantine_round(aggregation, options=None):
+def _byzantine_round(aggregation, options=None, **limits):
     """Four honest clients near w = 1.1, one Byzantine at −50 (passes every per-client check)."""
-    server = _server(aggregation=aggregation, aggregation_options=options)
+    server = _server(aggregation=aggregation, aggregation_options=options, **limits)
     g = torch.Generator().manual_seed(0)
     sent = {}
     for name in HONEST:
         sent[name] = 1.1 + 0.01 * torch.randn(4, generator=g)
         server.receive(name, _update(sent[name]))
     sent["evil"] = torch.full((4,), -50.0)
-    assert server.receive("evil", _update(sent["evil"])) is None
+    server.receive("evil", _update(sent["evil"]))
     record = server.end_round()
     return server.params["w"], [(s - 1.0).numpy() for s in sent.values()], record
 
@@ -138,21 +140,24 @@ def _byzantine_round(aggregation, options=None):
 def test_median_and_trimmed_mean_resist_one_byzantine_client_and_match_flower():
     from flwr.server.strategy.aggregate import aggregate_median, aggregate_trimmed_avg
 
-    mean, _, _ = _byzantine_round("mean")
+    mean, _, _ = _byzantine_round("mean", max_update_ratio=None)
     assert mean.max().item() < -5  # the plain mean is dragged far away
-    median, deltas, record = _byzantine_round("median")
+    guarded, _, record = _byzantine_round("mean")  # the default update limit: −51 vs ~0.1 from the others
+    assert "median of the other 4" in record["clients"]["evil"]["rejected"]
+    assert torch.allclose(guarded, torch.full((4,), 1.1), atol=0.05)
+    median, deltas, record = _byzantine_round("median", max_update_ratio=None)
     ref = aggregate_median([([d], 10) for d in deltas])[0]
     np.testing.assert_allclose(median.numpy(), 1.0 + ref, rtol=1e-6)
     assert torch.allclose(median, torch.full((4,), 1.1), atol=0.05)
     assert record["aggregation"] == "median" and record["clients"]["evil"]["weight"] is None
-    trimmed, deltas, _ = _byzantine_round("trimmed_mean", {"trim": 0.2})
+    trimmed, deltas, _ = _byzantine_round("trimmed_mean", {"trim": 0.2}, max_update_ratio=None)
     ref = aggregate_trimmed_avg([([d], 10) for d in deltas], 0.2)[0]
     np.testing.assert_allclose(trimmed.numpy(), 1.0 + ref, rtol=1e-6)
     assert torch.allclose(trimmed, torch.full((4,), 1.1), atol=0.05)
 
 
 def test_clip_norm_bounds_each_clients_pull():
-    server = _server(clip_norm=0.5)
+    server = _server(clip_norm=0.5, max_update_ratio=None)  # 390× the others: the default limit rejects it
     reason, record = _honest_round(server, _update(40.0))
     assert reason is None and record["clients"]["evil"]["clipped_from"] == pytest.approx(78.0)
     # evil's Δ is clipped to norm 0.5 (0.25 per coordinate), then size-weighted with two honest 0.1s
@@ -411,7 +416,7 @@ def test_deploy_prints_rejections_fallbacks_and_skips_also_without_progress(tmp_
     assert stream.getvalue().splitlines() == [
         "fedsilo: warning: round 2: rejected a: non-finite values",
         "fedsilo: warning: round 2: fallback b: its weighting statistic was not usable; it took its size share",
-        "fedsilo: warning: round 2: capped c: its weight was held at federation.max_client_weight",
+        "fedsilo: warning: round 2: capped c: its weight was held (federation.max_weight_ratio / max_client_weight)",
         "fedsilo: warning: round 2: missing d: no reply within 5s",
         "fedsilo: warning: round 2: no update applied: the server step would make 'w' non-finite",
     ]

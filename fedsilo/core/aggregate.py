@@ -7,8 +7,9 @@ tensor and normalise once the round is over. Policies that can degenerate
 falls back to size weights) and, once a client's own score is unusable, a size-weighted sum of the
 clients that fell back alone — so no fallback needs a replay.
 
-The robust rules (coordinate-wise median and trimmed mean, Yin et al. 2018) and a `max_client_weight`
-cap need every update at once: they buffer the round (a model copy per client).
+The robust rules (coordinate-wise median and trimmed mean, Yin et al. 2018) and a weight cap
+(`max_weight_ratio`, `max_client_weight`) need every update at once: they buffer the round (a model
+copy per client).
 Sums are kept in the dtype and on the device of the global tensor (`like`; float64 stays float64),
 else in the update's dtype, never below float32. A tensor that no client with a positive weight
 sent is left out of Δ (the server optimiser then leaves it alone).
@@ -52,11 +53,22 @@ def _median(x: torch.Tensor, _p, _options) -> torch.Tensor:
     return s[m // 2] if m % 2 else (s[m // 2 - 1] + s[m // 2]) / 2
 
 
+def trimmed_count(m: int, trim: float) -> int:
+    """Values dropped at each end: ⌊trim·m⌋, but at least one where m ≥ 3 leaves a value (Flower's
+    aggregate_trimmed_avg drops none below 1/trim clients: a cross-silo round of 2–9 would trim nothing)."""
+    k = int(math.floor(trim * m))
+    return max(k, 1) if m >= 3 else k
+
+
 def _trimmed_mean(x: torch.Tensor, _p, options: TrimSettings | None) -> torch.Tensor:
-    """Per coordinate: drop the ⌊trim·m⌋ smallest and largest values, average the rest."""
+    """Per coordinate: drop the `trimmed_count` smallest and largest values, average the rest."""
     m = x.shape[0]
-    k = int(math.floor((options.trim if options else 0.1) * m))
+    k = trimmed_count(m, options.trim if options else 0.1)
     return x.sort(dim=0).values[k:m - k].mean(0)
+
+
+ROBUST_MIN_CLIENTS = 3
+"""Below this many updates a median is a mean and a trimmed mean trims nothing: not robust."""
 
 
 AGGREGATIONS: Registry[Aggregation] = Registry("aggregation rule")
@@ -117,17 +129,18 @@ class RoundAggregator:
     `AGGREGATIONS` name, with its options), optionally capping each client's weight."""
 
     def __init__(self, policy: str, like: Tensors | None = None, rule: str = "mean",
-                 options: dict | None = None, max_weight: float | None = None) -> None:
-        self.policy, self.like, self.max_weight = policy, like or {}, max_weight
+                 options: dict | None = None, max_weight: float | None = None,
+                 max_ratio: float | None = None) -> None:
+        self.policy, self.like, self.max_weight, self.max_ratio = policy, like or {}, max_weight, max_ratio
         self.can_degenerate = WEIGHTINGS.get(policy).can_degenerate  # an unknown policy lists the choices
         entry = AGGREGATIONS.entry(rule)
         self.rule = entry.value
         self.options = entry.settings.model_validate(options or {}) if entry.settings else None
-        self.buffered: list[Tensors] | None = [] if (rule != "mean" or max_weight is not None) else None
-        if self.buffered is None:
-            self.scored = StreamingMean(like)  # usable scores
-            self.by_size = StreamingMean(like) if self.can_degenerate else None  # every client, by size
-            self.fallen: StreamingMean | None = None  # clients whose score was unusable, by size
+        capping = max_weight is not None or max_ratio is not None
+        self.buffered: list[Tensors] | None = [] if (rule != "mean" or capping) else None
+        self.scored = StreamingMean(like)  # usable scores
+        self.by_size = StreamingMean(like) if self.can_degenerate else None  # every client, by size
+        self.fallen: StreamingMean | None = None  # clients whose score was unusable, by size
         self.clients: list[str] = []
         self.sizes: list[float] = []
         self.values: list[float] = []
@@ -140,17 +153,20 @@ class RoundAggregator:
         if self.buffered is not None:
             self.buffered.append({k: _to_acc(t, self.like.get(k)) for k, t in update.items()})
         else:
-            score = client_score(self.policy, n_examples, value)
-            if usable_score(score):
-                self.scored.add(update, score)
-            else:
-                self.fallen = self.fallen or StreamingMean(self.like)
-                self.fallen.add(update, float(n_examples))
-            if self.by_size is not None:
-                self.by_size.add(update, float(n_examples))
+            self._stream(update, n_examples, value)
         self.clients.append(client)
         self.sizes.append(n_examples)
         self.values.append(value)
+
+    def _stream(self, update: Tensors, n_examples: float, value: float) -> None:
+        score = client_score(self.policy, n_examples, value)
+        if usable_score(score):
+            self.scored.add(update, score)
+        else:
+            self.fallen = self.fallen or StreamingMean(self.like)
+            self.fallen.add(update, float(n_examples))
+        if self.by_size is not None:
+            self.by_size.add(update, float(n_examples))
 
     def finish(self) -> tuple[Tensors, Weights]:
         """The aggregated delta (per tensor, over the clients that sent it) and the weights p_i, one
@@ -163,8 +179,14 @@ class RoundAggregator:
     def _finish(self) -> tuple[Tensors, Weights]:
         if not self.clients:
             return {}, Weights([], [], [])
-        weights = client_weights(self.policy, self.sizes, self.values, self.max_weight)
-        if self.buffered is not None:
+        weights = client_weights(self.policy, self.sizes, self.values, self.max_weight, self.max_ratio)
+        if self.buffered is not None and self.rule.weighted and not any(weights.capped):
+            # no cap bound: the streaming sums, replayed in arrival order, so a cap that could have bitten
+            # but did not leaves the aggregate bit-identical to a run without it
+            for i in range(len(self.buffered)):
+                update, self.buffered[i] = self.buffered[i], {}  # released once folded
+                self._stream(update, self.sizes[i], self.values[i])
+        elif self.buffered is not None:
             return self._combine_buffered(weights.values), weights
         if not weights.any_fallback:
             return combined_mean([(self.scored, 1.0)]), weights

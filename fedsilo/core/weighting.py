@@ -7,6 +7,7 @@ metric) — so the server can aggregate as clients finish (streaming) and normal
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -45,7 +46,7 @@ def client_score(policy: str, n_examples: float, value: float = math.nan) -> flo
 class Weights:
     values: list[float]
     fallback: list[bool]  # per client: its score was unusable (NaN, negative, inf), so it took its size share
-    capped: list[bool]    # per client: held at max_client_weight
+    capped: list[bool]    # per client: held at max_weight_ratio × the others' median or max_client_weight
 
     @property
     def any_fallback(self) -> bool:
@@ -58,13 +59,15 @@ def usable_score(score: float) -> bool:
 
 
 def client_weights(policy: str, sizes: Sequence[float], values: Sequence[float] | None = None,
-                   max_weight: float | None = None) -> Weights:
+                   max_weight: float | None = None, max_ratio: float | None = None) -> Weights:
     """p_i for one round.
 
     A client whose score is unusable (its ΔL NaN, negative or infinite) falls back alone: it takes
     its size share n_i/Σn, and the other clients share the rest by their scores. When no usable
-    score is positive, every client falls back to size weights. `max_weight` then caps each p_i,
-    handing the excess to the others in proportion (so one client cannot take the whole round).
+    score is positive, every client falls back to size weights. `max_ratio` then holds each p_i at
+    most that many times the median of the others' (sizes and statistics are self-reported: a silo
+    claiming 10¹² examples or ΔL = 1e30 cannot take the round), and `max_weight` caps each p_i,
+    handing the excess to the others in proportion.
     """
     values = list(values) if values is not None else [math.nan] * len(sizes)
     scores = [client_score(policy, n, v) for n, v in zip(sizes, values)]
@@ -78,9 +81,33 @@ def client_weights(policy: str, sizes: Sequence[float], values: Sequence[float] 
     share = sum(n for n, fb in zip(sizes, fallback) if fb) / total_n  # taken by the fallback clients
     p = [n / total_n if fb else (1 - share) * s / usable_total for n, s, fb in zip(sizes, scores, fallback)]
     capped = [False] * len(p)
+    if max_ratio is not None:
+        p, capped = cap_ratio(p, max_ratio)
     if max_weight is not None:
-        p, capped = cap_weights(p, max_weight)
+        p, by_weight = cap_weights(p, max_weight)
+        capped = [a or b for a, b in zip(capped, by_weight)]
     return Weights(p, fallback, capped)
+
+
+def cap_ratio(p: Sequence[float], ratio: float) -> tuple[list[float], list[bool]]:
+    """Hold each weight at most `ratio` × the median of the others' (final, positive) weights, then renormalise.
+    Lowering a weight only lowers the others' bounds, so the passes converge from above; the smallest
+    weight never moves (ratio ≥ 1). With m equal honest silos one silo can reach ratio/(ratio+m−1)."""
+    p = [float(x) for x in p]
+    capped = [False] * len(p)
+    if len(p) < 2:
+        return p, capped
+    for _ in range(100):  # converges in a few passes; the bound keeps a runaway loop finite
+        changed = False
+        for i, x in enumerate(p):
+            others = [q for j, q in enumerate(p) if j != i and q > 0]  # zero weights bound nothing
+            bound = ratio * statistics.median(others) if others else math.inf
+            if x > bound * (1 + 1e-12):
+                p[i], capped[i], changed = bound, True, True
+        if not changed:
+            break
+    total = sum(p)
+    return [x / total for x in p], capped
 
 
 def cap_weights(p: Sequence[float], cap: float) -> tuple[list[float], list[bool]]:

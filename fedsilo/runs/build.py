@@ -128,7 +128,13 @@ def build_server(cfg: RunConfig, model: torch.nn.Module) -> Server:
     f = cfg.federation
     return Server({k: params[k].detach() for k in shared}, opt, f.weighting, plan, f.weighting_stat,
                   aggregation=f.aggregation, aggregation_options=f.aggregation_options,
-                  max_client_weight=f.max_client_weight, clip_norm=f.clip_norm, max_update_ratio=f.max_update_ratio)
+                  max_client_weight=f.max_client_weight, max_weight_ratio=_on(f.max_weight_ratio),
+                  clip_norm=f.clip_norm, max_update_ratio=_on(f.max_update_ratio), max_step_ratio=_on(f.max_step_ratio))
+
+
+def _on(limit: float | str) -> float | None:
+    """A safeguard's limit, None when the config says "off"."""
+    return None if limit == "off" else limit
 
 
 def members(cfg: RunConfig, task) -> list[tuple[str, list, object]]:

@@ -201,12 +201,14 @@ class RoundsPrinter:
             if isinstance(entry, dict) and entry.get("fallback"):
                 lines.append(f"  fallback {silo}: its weighting statistic was not usable; it took its size share")
             if isinstance(entry, dict) and entry.get("capped"):
-                lines.append(f"  capped {silo}: its weight was held at federation.max_client_weight")
+                lines.append(f"  capped {silo}: its weight was held (federation.max_weight_ratio / max_client_weight)")
         reasons = record.get("missing_reasons")
         reasons = reasons if isinstance(reasons, dict) else {}
         for silo in record.get("missing") or ():
             why = reasons.get(silo)
             lines.append(f"  missing {silo}: {why}" if why else f"  missing {silo}")
+        if record.get("not_robust"):
+            lines.append(f"  {record['not_robust']}")
         if record.get("skipped"):
             lines.append(f"  no update applied: {record['skipped']}")
         if not self.rounds:  # --no-progress: only what a user must hear, as warnings
