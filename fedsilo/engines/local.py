@@ -17,6 +17,7 @@ from fedsilo.engines.workers import WorkerPool, resolve_threads, resolve_workers
 from fedsilo.models.precision import autocast
 from fedsilo.progress import Progress
 from fedsilo.runs.build import build_clients, exchange_plan, initial_private
+from fedsilo.runs.rundir import RunDirError
 from fedsilo.server import Server
 
 
@@ -137,4 +138,8 @@ class LocalEngine:
         return {"store": self.store.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        if state["store"].get("kind") == "flower":  # its silos' state is on their own disks, not here
+            raise RunDirError("it is a Flower deployment's run directory (its silos keep their state on their "
+                              "own disks); resume it as it was started: fedsilo deploy CONFIG --out DIR --resume "
+                              "(or fedsilo run CONFIG --engine flower-sim --out DIR --resume)")
         self.store.load_state_dict(state["store"])

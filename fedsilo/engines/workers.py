@@ -1,13 +1,14 @@
 """Parallel clients for the in-process engine: a round's sampled clients train at once in a pool of
 worker processes, each with its own working model and a share of the CPU threads (or a GPU).
 
-Results equal one-after-another training: a client's round depends only on what it receives, its
-stored state and its seed, and the parent folds the updates into the aggregate in the sampled
-order. The parent keeps the only client store: it sends each job the client's state and saves the
-state the job returns, so disk and memory stores, private tensors, personal models and optimiser
-state work unchanged. A free worker takes the next client at once; at most `workers` jobs run and at
-most `workers` finished ones wait for their turn to be folded, so memory grows by about one model
-per worker (its working model and the tensors of its jobs), not per client.
+Results equal one-after-another training at equal threads per client: a client's round depends
+only on what it receives, its stored state and its seed, and the parent folds the updates into the
+aggregate in the sampled order. The parent keeps the only client store: it sends each job the
+client's state and saves the state the job returns, so disk and memory stores, private tensors,
+personal models and optimiser state work unchanged. A free worker takes the next client at once;
+at most `workers` jobs run and at most `workers` finished ones wait for their turn to be folded, so
+memory grows by about one model per worker (its working model and the tensors of its jobs), not
+per client.
 
 Workers are forked from the parent on CPU (they inherit the task, its tokenised silos and the
 clients); with CUDA, which cannot be forked, they are spawned and build the same parts from the
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import json
 import multiprocessing as mp
 import os
 import signal
@@ -29,6 +31,7 @@ import torch
 
 from fedsilo.client.store import ClientState
 from fedsilo.core.tensors import Tensors
+from fedsilo.errors import WorkerLost
 from fedsilo.progress import Progress
 from fedsilo.server import ClientUpdate, Server
 
@@ -63,15 +66,24 @@ def start_method(device: torch.device) -> str:
 
 
 # ---- tensors cross the process boundary as safetensors bytes: a copy, never shared storage --------
+# safetensors stores tensors in its own order; the names' order travels in its metadata, so a dict
+# comes back in the order it was sent (checkpoints then equal a sequential run's, key order included).
 
 def pack(tensors: Tensors) -> bytes:
     from safetensors.torch import save
-    return save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}) if tensors else b""
+    if not tensors:
+        return b""
+    return save({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
+                metadata={"order": json.dumps(list(tensors))})
 
 
 def unpack(data: bytes) -> Tensors:
     from safetensors.torch import load
-    return load(data) if data else {}
+    if not data:
+        return {}
+    tensors = load(data)
+    header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
+    return {k: tensors[k] for k in json.loads(header["__metadata__"]["order"])}
 
 
 def pack_state(state: ClientState | None) -> tuple[dict[str, bytes], dict] | None:
@@ -189,11 +201,7 @@ class WorkerPool:
                                                  pack_state(clients[nxt].store.get(nxt)), seed)] = nxt
                     done, _ = wait(running, return_when=FIRST_COMPLETED)
                     finished.update((running.pop(f), f) for f in done)
-                try:
-                    update, state = finished.pop(name).result()
-                except BrokenProcessPool:
-                    raise RuntimeError(f"round {round_idx}: a worker process died while training {name} (out of "
-                                       "memory?); set engine.workers = 1 to train one client at a time") from None
+                update, state = finished.pop(name).result()
                 update = ClientUpdate(unpack(update.tensors), update.n_examples, update.stats, update.steps,
                                       update.losses, update.seconds)
                 state = unpack_state(state)
@@ -202,6 +210,11 @@ class WorkerPool:
                 reason = server.receive(name, update)
                 if reason and progress:
                     progress.warn(f"round {round_idx}: rejected {name}: {reason}")
+        except BrokenProcessPool:
+            training = ", ".join(c for c in sampled if c == name or c in finished or c in running.values())
+            raise WorkerLost(f"round {round_idx}: a worker process died while training one of {training} (killed, "
+                             "or out of memory?); the last complete round's checkpoint is kept: continue with "
+                             "--resume, adding --set engine.workers=1 to train one client at a time") from None
         finally:
             for f in running:
                 f.cancel()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import tomllib
 from pathlib import Path
@@ -16,9 +17,11 @@ import torch
 from fedsilo.config import RunConfig, to_toml
 from fedsilo.fileio import atomic_write, atomic_write_bytes
 
-# Keys that may change between a run and its resume without changing its past (more rounds; the CPU
-# threads, which each round records in rounds.jsonl as `compute`).
-RESUMABLE_CHANGES = {("federation", "rounds"), ("engine", "threads")}
+# Keys that may change between a run and its resume without changing its past (more rounds; how the
+# CPU is used, which each round records in rounds.jsonl as `compute`). Results equal across worker
+# counts only at equal threads per client (float reductions depend on the thread count).
+RESUMABLE_CHANGES = {("federation", "rounds"), ("engine", "threads"), ("engine", "workers")}
+FAILED = "failed.json"  # why a run stopped (RunFailed); a resume repeats the failure instead of finishing
 
 
 class RunDirError(RuntimeError):
@@ -58,6 +61,23 @@ def _structure_problem(state: object, like: dict) -> str | None:
             return f"tensor {name!r} has the wrong shape"
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             return f"tensor {name!r} holds NaN/Inf values"
+    where = _nonfinite(state["server"]["optimizer"], "optimizer")
+    if where is not None:  # e.g. FedOPT/Adam moments: every later step would be skipped
+        return f"its server optimiser state holds NaN/Inf values (server {where})"
+    return None
+
+
+def _nonfinite(value: object, where: str) -> str | None:
+    """The path of the first NaN/Inf float or floating tensor in nested dicts and lists, or None."""
+    if isinstance(value, torch.Tensor):
+        return where if value.is_floating_point() and not bool(torch.isfinite(value).all()) else None
+    if isinstance(value, float):
+        return where if not math.isfinite(value) else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        found = _nonfinite(item, f"{where}[{key!r}]")
+        if found is not None:
+            return found
     return None
 
 
@@ -69,9 +89,11 @@ class RunDir:
         self.checkpoint = self.path / "checkpoint.pt"
         self.best = self.path / "best.pt"
         self.results = self.path / "results.json"
+        self.failed = self.path / FAILED
 
     def prepare(self, cfg: RunConfig, resume: bool) -> None:
-        """Create (fresh run) or check (resume) the directory against the config."""
+        """Create (fresh run) or check (resume) the directory against the config. A resume writes
+        nothing here: `write_config` once its checkpoint is accepted."""
         if self.path.exists() and not self.path.is_dir():
             raise RunDirError(f"{self.path} is a file, not a run directory")
         if resume and self.config.is_file():
@@ -81,20 +103,43 @@ class RunDir:
                 raise RunDirError(f"{self.config} is not readable: {err}") from None
             if _comparable(saved) != _comparable(cfg.model_dump(exclude_none=True)):
                 raise RunDirError(f"--resume: the config differs from the one in {self.config}; "
-                                  "only " + " and ".join(f"{a}.{b}" for a, b in sorted(RESUMABLE_CHANGES)) + " may change")
-        elif self.checkpoint.exists() or self.rounds.exists() or self.results.exists():
+                                  "only " + ", ".join(f"{a}.{b}" for a, b in sorted(RESUMABLE_CHANGES)) + " may change")
+            return
+        if any(p.exists() for p in (self.checkpoint, self.rounds, self.results, self.failed)):
             raise RunDirError(f"{self.path} already holds a run: pass --resume to continue it, or choose "
                               "another --out")
+        self.write_config(cfg)
+
+    def write_config(self, cfg: RunConfig) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(self.config, to_toml(cfg).encode())
 
     def run_id(self) -> str:
-        """A unique id for this run (kept across resumes): names the silos' state on their disks."""
+        """A unique id for this run (kept across resumes): names the silos' state on their disks. A
+        deleted `run_id` file is restored from the checkpoint, which carries it."""
         path = self.path / "run_id"
         if not path.exists():
             import uuid
-            atomic_write_bytes(path, uuid.uuid4().hex.encode())
+            state = self.load(self.checkpoint) or self.load(self.best)
+            found = state.get("run_id") if isinstance(state, dict) else None
+            atomic_write_bytes(path, (found if isinstance(found, str) and found else uuid.uuid4().hex).encode())
         return path.read_text().strip()
+
+    def record_failure(self, reason: str) -> None:
+        """Why the run stopped (atomic), so that a resume fails again instead of reporting results."""
+        rounds = self.read_rounds()
+        record = {"reason": reason, "round": rounds[-1]["round"] if rounds else 0}
+        atomic_write_bytes(self.failed, (json.dumps(record, indent=1) + "\n").encode())
+
+    def failure(self) -> str | None:
+        """The reason a run stopped with an error (`record_failure`), or None."""
+        if not self.failed.exists():
+            return None
+        try:
+            return str(json.loads(self.failed.read_text())["reason"])
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as err:
+            raise RunDirError(f"{self.failed} is not readable ({err}); the run stopped with an error earlier: "
+                              "start a new run with another --out") from None
 
     def append_round(self, record: dict) -> None:
         with open(self.rounds, "a") as fh:

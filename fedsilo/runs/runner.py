@@ -30,7 +30,13 @@ def _dev_line(spec: MetricSpec, dev: dict) -> str:
 
 class RunFailed(RuntimeError):
     """The run cannot go on: rounds in a row applied no update (every client rejected or missing,
-    or a server step that would break the global model). Its checkpoint stays the last good state."""
+    or a server step that would break the global model). Its checkpoint stays the last good state.
+    `lasting`: the run itself diverged, so a resume would meet it again (recorded, `run_federation`);
+    not when no silo answered at all (they may answer later)."""
+
+    def __init__(self, message: str, lasting: bool = False) -> None:
+        super().__init__(message)
+        self.lasting = lasting
 
 
 def _round_warnings(cfg: RunConfig, record: dict) -> list[str]:
@@ -42,7 +48,12 @@ def _round_warnings(cfg: RunConfig, record: dict) -> list[str]:
             out.append(f"round {r}: {client}'s {stat} is not usable for {cfg.federation.weighting} weights "
                        "(NaN, negative or infinite); it took its size share")
         if entry.get("capped"):
-            out.append(f"round {r}: {client}'s weight was capped at {cfg.federation.max_client_weight}")
+            out.append(f"round {r}: {client}'s weight was capped (federation.max_weight_ratio = "
+                       f"{cfg.federation.max_weight_ratio}, max_client_weight = {cfg.federation.max_client_weight})")
+    for client, reason in record.get("rejected_at_end", {}).items():
+        out.append(f"round {r}: rejected {client}: {reason}")
+    if record.get("not_robust"):
+        out.append(f"round {r}: {record['not_robust']}")
     if record.get("skipped"):
         out.append(f"round {r}: no update applied: {record['skipped']}")
     return out
@@ -74,14 +85,31 @@ def _check_progress(cfg: RunConfig, logged: list[dict], rounds: int) -> None:
         first = last["round"] - streak + 1
         span = f"round {first}" if streak == 1 else f"rounds {first}-{last['round']}"
         raise RunFailed(f"{span} applied no update to the global model ({_failure_cause(last)}); the run "
-                        f"stopped (federation.max_failed_rounds = {cfg.federation.max_failed_rounds})")
+                        f"stopped (federation.max_failed_rounds = {cfg.federation.max_failed_rounds})",
+                        lasting=any(r.get("clients") for r in logged[-streak:]))  # some silo replied
 
 
 def run_federation(cfg: RunConfig, run: RunDir, engine, server: Server, spec: MetricSpec, task_name: str,
                    resume: bool = False, progress: Progress | None = None, display: dict | None = None) -> dict:
-    """Rounds on any engine, model selection on the merged dev set, test of the selected model."""
-    progress = progress or Progress(enabled=False)
+    """Rounds on any engine, model selection on the merged dev set, test of the selected model. A run
+    that diverged (a lasting RunFailed) stays failed: the reason is recorded, and a resume repeats it."""
     run.prepare(cfg, resume)
+    failed = run.failure()
+    if failed is not None:
+        raise RunFailed(f"{run.path} stopped with an error earlier: {failed}. A resume with the same settings "
+                        f"would repeat it (federation.rounds, engine.threads and engine.workers do not clear it): "
+                        f"change a setting (e.g. server.lr or client.lr) and start a new run with another --out "
+                        f"(to try once more anyway, delete {run.failed} and resume)", lasting=True)
+    try:
+        return _federate(cfg, run, engine, server, spec, task_name, progress or Progress(enabled=False), display)
+    except RunFailed as err:
+        if err.lasting:
+            run.record_failure(str(err))
+        raise
+
+
+def _federate(cfg: RunConfig, run: RunDir, engine, server: Server, spec: MetricSpec, task_name: str,
+              progress: Progress, display: dict | None) -> dict:
     server.register(engine.client_sizes)
     device = next(iter(server.params.values())).device  # checkpoints load where the server lives
     identity = {"run_id": run.run_id(), "config": config_hash(cfg)}
@@ -89,9 +117,18 @@ def run_federation(cfg: RunConfig, run: RunDir, engine, server: Server, spec: Me
     start, best = 1, None
     state = run.load_checkpoint(run.checkpoint, identity, server.params, device)
     if state is not None:
+        if state["round"] > rounds:  # results, rounds.jsonl and config.toml would disagree
+            raise RunDirError(f"{run.path} has already completed {state['round']} rounds: federation.rounds = "
+                              f"{rounds} cannot be resumed; resume with federation.rounds >= {state['round']}, or "
+                              "start a new run with another --out")
         server.load_state_dict(state["server"])
-        engine.load_state_dict(state["clients"])
+        try:
+            engine.load_state_dict(state["clients"])
+        except RunDirError as err:
+            raise RunDirError(f"{run.path} cannot be resumed here: {err}") from None
         start, best = state["round"] + 1, state["best"]
+    run.write_config(cfg)  # only now: a refused resume leaves the run directory as it was
+    if state is not None:
         done = run.read_results()
         if done is not None and state["round"] >= rounds and done.get("rounds") == state["round"]:
             progress.log(f"{run.path} is finished ({state['round']} rounds): results as recorded")
@@ -108,7 +145,7 @@ def run_federation(cfg: RunConfig, run: RunDir, engine, server: Server, spec: Me
         for message in _round_warnings(cfg, record):
             progress.warn(message)
         if not is_finite(server.params):  # the server skips such steps; never checkpoint a broken model
-            raise RunFailed(f"round {r}: the global model holds NaN/Inf values")
+            raise RunFailed(f"round {r}: the global model holds NaN/Inf values", lasting=True)
         record["dev"] = None
         if r % cfg.federation.eval_every == 0 or r == rounds:
             t0 = time.perf_counter()
@@ -133,7 +170,7 @@ def run_federation(cfg: RunConfig, run: RunDir, engine, server: Server, spec: Me
 
     if best is None:
         raise RunFailed(f"every dev evaluation was invalid (NaN/Inf model scores or a NaN dev {spec.primary}; "
-                        f"see rounds.jsonl): no round can be selected, so there is no model to test")
+                        f"see rounds.jsonl): no round can be selected, so there is no model to test", lasting=True)
     best_state = run.load_checkpoint(run.best, identity, server.params, device)
     if best_state is None:
         raise RunDirError(f"{run.path}: no best.pt; the run has no evaluated round")
@@ -176,8 +213,12 @@ def run_local(cfg: RunConfig, run: RunDir, resume: bool = False, progress: Progr
     if task_tokenizer(cfg) is not None and hasattr(tokenizer, "save_pretrained"):
         run.path.mkdir(parents=True, exist_ok=True)  # for a later run's model.init_from
         tokenizer.save_pretrained(str(run.path / TOKENIZER_DIR))
-    store = make_store(cfg.engine.store, store_root(run.path))
-    engine = LocalEngine(cfg, task, model, store)
+    store = make_store(cfg.engine.store, store_root(run.path), run.run_id)
+    with warnings.catch_warnings(record=True) as caught:  # e.g. a token cache entry rebuilt
+        warnings.simplefilter("always", UserWarning)
+        engine = LocalEngine(cfg, task, model, store)
+    for message in _surface(caught):
+        progress.warn(message)
     try:
         results = run_federation(cfg, run, engine, build_server(cfg, model), task.spec, task.name, resume, progress,
                                  display=getattr(task, "display", None))
@@ -240,5 +281,6 @@ def _finetune(cfg: RunConfig, out: Path, resume: bool, progress: Progress) -> di
     if references:
         spec = TASKS.get(cfg.task.name).spec()
         results["reference"] = {name: spec.summarize(rows) for name, rows in references.items()}
+    top.write_config(cfg)  # a resume's, once every silo's run has accepted it
     top.write_results(results)
     return results

@@ -9,7 +9,8 @@ A study file is TOML with three parts:
     [variants.NAME]          what each variant changes in the base (deep-merged), e.g. paradigm = "finetune"
 
 Each variant runs into OUT/NAME exactly as `fedsilo run --resume` would (a finished one returns its
-recorded results, an interrupted one continues). The comparison — untrained reference rankers the
+recorded results, an interrupted one continues; a failed one, e.g. diverged, is shown as failed, the
+others are compared, and the study ends with an error). The comparison — untrained reference rankers the
 task scores (e.g. BM25), then each variant — is printed and written to OUT/report.md and
 OUT/study.json, with each variant's parameters sent and wall time.
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 import statistics
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -42,6 +44,7 @@ from typing import Any
 from pydantic import Field
 
 from fedsilo.config import ConfigError, RunConfig, Strict, apply_overrides, validate
+from fedsilo.errors import FedsiloError
 from fedsilo.fileio import atomic_write_bytes
 from fedsilo.progress import Display
 
@@ -54,6 +57,12 @@ SAMPLE_SEEDS = "sample_seeds"  # a task's few-shot sample seeds (multitask); a s
 SPREAD = "sd = sample standard deviation (n−1)"
 RULE = "holds = the means differ by more than the sum of the two standard deviations"
 MAX_SEED = 2**63  # RunConfig.seed's bound
+PLAIN_NAME = re.compile(r"\w[\w.+-]*")  # a variant's name is its folder's name
+FAILED = "failed"  # the cells of a variant whose run failed
+
+
+class StudyFailed(FedsiloError):
+    """Some of a study's runs failed: the others are compared, the failed ones shown as failed."""
 
 
 class StudySettings(Strict):
@@ -139,6 +148,10 @@ def load_study(path: str | Path, assignments: Sequence[str] = (), only: Sequence
     variants = raw.get("variants") or {}
     if not variants or not all(isinstance(v, dict) for v in variants.values()):
         raise ConfigError(f"{path}: needs at least one [variants.NAME] table")
+    bad = next((name for name in variants if not PLAIN_NAME.fullmatch(name)), None)
+    if bad is not None:  # it names the variant's folder under --out: "../x" would write outside it
+        raise ConfigError(f"{path}: [variants] {bad!r} is not a plain name (letters, digits, _ . + -, not starting "
+                          "with . or -): rename the variant")
     if settings.baseline is not None and settings.baseline not in variants:
         raise ConfigError(f"{path}: [study] baseline {settings.baseline!r}: no such variant ({', '.join(variants)})")
     if only:
@@ -278,7 +291,7 @@ def run_study(path: str | Path, out: str | Path, assignments: Sequence[str] = ()
     (the CLI's --seeds) wins over `[study] seeds`. Returns study.json's content."""
     from rich.console import Console
 
-    from .runner import run_experiment
+    from .runner import RunFailed, run_experiment
 
     settings, _ = load_study(path, assignments, only)
     seeds = check_seeds(seeds, "--seeds") if seeds is not None else settings.seeds
@@ -289,16 +302,27 @@ def run_study(path: str | Path, out: str | Path, assignments: Sequence[str] = ()
     names = list(next(iter(plan.values())))
     results: dict[str, dict[int, dict]] = {name: {} for name in names}
     costs: dict[str, list[dict]] = {name: [] for name in names}
+    failed: dict[str, dict[str, str]] = {}  # variant → seed → why its run failed
     for seed, configs in plan.items():
         for name, cfg in configs.items():
             target = run_dir(out, name, seed, multi)
             console.print(f"[bold]{settings.name}: {name}{f' seed {seed}' if multi else ''}[/bold] → {target}")
-            done = run_experiment(cfg, target, resume=True, show_progress=show_progress)
+            try:
+                done = run_experiment(cfg, target, resume=True, show_progress=show_progress)
+            except RunFailed as err:  # the other runs go on; this variant is shown as failed
+                failed.setdefault(name, {})[str(cfg.seed)] = str(err)
+                console.print(f"{settings.name}: {name}{f' seed {seed}' if multi else ''} failed: {err}",
+                              highlight=False)
+                continue
             write_report(target)
             console.print(_finished_line(settings.name, name, done, seed if multi else None), highlight=False)
             results[name][cfg.seed] = done
             costs[name].append(_cost(target, done))
-    first = next(iter(results[names[0]].values()))
+    for name in failed:  # a variant with a failed seed has no spread to compare: not trained
+        del results[name], costs[name]
+    if not results:
+        raise StudyFailed(_failed_line(settings.name, failed, len(plan) * len(names), multi, path, None))
+    first = next(iter(next(iter(results.values())).values()))
     spec = first.get("metric_spec") or {}
     metrics = settings.metrics or [spec.get("primary", "score")]
     display = first.get("display") or None
@@ -306,15 +330,16 @@ def run_study(path: str | Path, out: str | Path, assignments: Sequence[str] = ()
                             for ref, summary in (first.get("reference") or {}).items()}
     rows.update({name: list(by_seed.values()) for name, by_seed in results.items()})
     table = comparison_table(rows, metrics, display)
+    table += [[name, *[FAILED] * (len(table[0]) - 1)] for name in failed]
     per_seed = {name: {str(seed): {"overall": res["test"].get("macro") or {},
                                    "clients": {r["client"]: r.get("metrics") or {} for r in res["test"]["rows"]},
                                    "cost": cost}
                        for (seed, res), cost in zip(by_seed.items(), costs[name])}
                 for name, by_seed in results.items()}
-    baseline = settings.baseline if settings.baseline in results else names[0]
+    baseline = settings.baseline or names[0]
     column = _column(spec, metrics[0]) or {}
     checks = claim_lines(per_seed, baseline, metrics[0], column.get("label", metrics[0]),
-                         column.get("fmt", ".4f")) if multi else []
+                         column.get("fmt", ".4f")) if multi and baseline in results else []
     used = seeds or sorted({s for by_seed in results.values() for s in by_seed})
     study = {"name": settings.name, "title": settings.title, "metrics": metrics, "seeds": used,
              "table": table, "costs": {name: _mean_cost(c) for name, c in costs.items()},
@@ -324,9 +349,24 @@ def run_study(path: str | Path, out: str | Path, assignments: Sequence[str] = ()
              "per_seed": per_seed}
     if multi:
         study.update({"spread": SPREAD, "rule": RULE, "baseline": baseline, "checks": checks})
+    if failed:
+        study["failed"] = failed
     _write(out, settings, study)
     _print(console, settings, study)
+    if failed:
+        raise StudyFailed(_failed_line(settings.name, failed, len(plan) * len(names), multi, path, out / "report.md"))
     return study
+
+
+def _failed_line(study: str, failed: Mapping[str, Mapping[str, str]], runs: int, multi: bool, path: str | Path,
+                 report: Path | None) -> str:
+    """One line: how many runs failed, each with its reason, and what to do."""
+    n = sum(len(seeds) for seeds in failed.values())
+    shown = f", shown as failed in {report}" if report else ""
+    why = "; ".join(f"{name}{f' seed {seed}' if multi else ''}: {reason}"
+                    for name, seeds in failed.items() for seed, reason in seeds.items())
+    return (f"study {study}: {n} of {runs} runs failed{shown} ({why}); change those variants in {path} and run the "
+            "study with another --out")
 
 
 def _finished_line(study: str, name: str, results: Mapping[str, Any], seed: int | None = None) -> str:
@@ -365,6 +405,8 @@ def _write(out: Path, settings: StudySettings, study: dict) -> None:
     runs = [f"- [{name}]({name}/report.md)" if n == 1 else
             f"- {name}: " + ", ".join(f"[seed {s}]({name}/seed-{s}/report.md)" for s in by_seed)
             for name, by_seed in study["runs"].items()]
+    runs += [f"- {name}{f' seed {s}' if n > 1 else ''}: failed: {why}"
+             for name, seeds in study.get("failed", {}).items() for s, why in seeds.items()]
     lines = [f"# {settings.title or settings.name}\n", _caption(study), "",
              markdown_table(study["table"]), "", *checks, "## Cost\n", "Parameters sent over the whole run (all "
              "clients, all rounds); a silo trained alone sends nothing." + (" Mean over the seeds." if n > 1 else ""),
