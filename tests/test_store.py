@@ -82,7 +82,7 @@ def test_corrupt_state_file_is_named(tmp_path):
 def test_disk_and_memory_checkpoint_state(tmp_path):
     disk = DiskStore(tmp_path)
     disk.set_round(3)
-    assert disk.state_dict() == {"kind": "disk", "round": 3}  # a reference: the files are the state
+    assert disk.state_dict() == {"kind": "disk", "round": 3, "files": {}}  # a reference: the files are the state
     mem = MemoryStore()
     mem.set_round(2)
     mem.put("a", state(2.0))

@@ -17,6 +17,7 @@ import torch
 from fedsilo.config import ClientConfig
 from fedsilo.core.exchange import ExchangePlan, SelectionContext
 from fedsilo.core.tensors import Tensors
+from fedsilo.errors import StoreError
 from fedsilo.models.precision import autocast
 from fedsilo.server import ClientUpdate
 from fedsilo.tasks.tokens import PreTokenized, row_length, tokenized
@@ -82,7 +83,16 @@ class SiloClient:
         return own + personal
 
     def _state(self) -> ClientState:
-        return self.store.get(self.name) or ClientState()
+        """The stored state, whose tensors must fit this model (a store of another model never loads)."""
+        state = self.store.get(self.name) or ClientState()
+        params = federated_parameters(self.model)
+        for slot in ("own", "personal"):
+            for name, t in state.slot(slot).items():
+                if name not in params or tuple(t.shape) != tuple(params[name].shape):
+                    where = state.source or f"{self.name}'s stored state"
+                    raise StoreError(f"{where}: its {slot} tensor {name!r} {tuple(t.shape)} does not fit the model; "
+                                     "restore it, or start a new run (another --out)")
+        return state
 
     def start_point(self, received: Tensors, state: ClientState) -> list[str]:
         """Working model ← own tensors, then the received tensors the overwrite policy takes.

@@ -7,19 +7,24 @@ normaliser, special tokens), the task's length limits and options (`token_settin
 examples' text. Change any of them and another file is used; nothing is ever read stale.
 
 Files are safetensors (one flat int32 tensor and one offsets tensor per field), written atomically,
-so an interrupted write leaves no file a later run would trust.
+so an interrupted write leaves no file a later run would trust. A file carries a content hash; one
+that does not match it, lacks it (an older fedsilo), does not load or holds ids outside the
+tokenizer's vocabulary is tokenised again with a warning naming it: a changed cache would silently
+change results, or end every later run in an IndexError.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from fedsilo.client.store import tensor_digest
 from fedsilo.fileio import atomic_write_bytes
 
 Row = dict[str, torch.Tensor]  # field → 1-D tensor of one example (ids, or per-token values)
@@ -88,17 +93,42 @@ def _to_bytes(rows: Sequence[Row]) -> bytes:
         parts = [r[field] for r in rows]
         tensors[field] = torch.cat(parts) if parts else torch.zeros(0)
         tensors[f"{field}.offsets"] = torch.tensor([0] + [int(p.shape[0]) for p in parts]).cumsum(0)
-    return save({k: v.contiguous() for k, v in tensors.items()}, metadata={"rows": str(len(rows))})
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    info = {"rows": str(len(rows))}
+    return save(tensors, metadata={**info, "sha256": tensor_digest(tensors, info)})
 
 
-def _from_file(path: Path) -> list[Row]:
+def _from_file(path: Path, vocab: int | None = None) -> list[Row]:
+    """The rows of a cache file; ValueError saying what is wrong with one that cannot be trusted."""
     from safetensors import safe_open
     with safe_open(str(path), "pt") as f:
-        n = int(f.metadata()["rows"])
-        fields = [k for k in f.keys() if not k.endswith(".offsets")]
-        flat = {k: f.get_tensor(k) for k in fields}
-        offsets = {k: f.get_tensor(f"{k}.offsets").tolist() for k in fields}
+        info = dict(f.metadata() or {})
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    claimed = info.pop("sha256", None)
+    if claimed is None:
+        raise ValueError("it carries no content hash (written by an older fedsilo)")
+    if tensor_digest(tensors, info) != claimed:
+        raise ValueError("it does not match its content hash (changed after it was written)")
+    n = int(info["rows"])
+    fields = [k for k in tensors if not k.endswith(".offsets")]
+    flat = {k: tensors[k] for k in fields}
+    offsets = {k: tensors[f"{k}.offsets"].tolist() for k in fields}
+    for k in fields:
+        t = flat[k]
+        if len(offsets[k]) != n + 1 or offsets[k][0] != 0 or offsets[k][-1] != t.shape[0] or \
+                any(a > b for a, b in zip(offsets[k], offsets[k][1:])):
+            raise ValueError(f"its {k!r} offsets do not cut {n} rows")
+        if vocab is not None and not t.is_floating_point() and t.numel() and (t.min() < 0 or t.max() >= vocab):
+            raise ValueError(f"its {k!r} holds ids outside the tokenizer's vocabulary (0..{vocab - 1})")
     return [{k: flat[k][offsets[k][i]:offsets[k][i + 1]] for k in fields} for i in range(n)]
+
+
+def _vocab_size(tokenizer: Any) -> int | None:
+    """How many ids the tokenizer gives (added tokens included), or None when it does not say."""
+    try:
+        return len(tokenizer)
+    except TypeError:
+        return getattr(tokenizer, "vocab_size", None)
 
 
 def tokenized(task: PreTokenized, examples: Sequence[Any], cache_dir: Path | None) -> list[Row]:
@@ -109,11 +139,12 @@ def tokenized(task: PreTokenized, examples: Sequence[Any], cache_dir: Path | Non
     path = Path(cache_dir) / f"{task.name}-{cache_key(task, examples)}.safetensors" if cache_dir else None
     if path is not None and path.exists():
         try:
-            rows = _from_file(path)
-            if len(rows) == len(examples):
-                return rows
-        except Exception:  # noqa: BLE001 - a damaged cache file is re-made, never trusted
-            pass
+            rows = _from_file(path, _vocab_size(task.tokenizer))
+            if len(rows) != len(examples):
+                raise ValueError(f"it holds {len(rows)} rows for {len(examples)} examples")
+            return rows
+        except Exception as err:  # noqa: BLE001 - a damaged cache file is re-made, never trusted
+            warnings.warn(f"token cache {path}: {err}; tokenising again", stacklevel=2)
     rows = [{k: (v.to(torch.int32) if not v.is_floating_point() else v) for k, v in r.items()}
             for r in task.tokenize(examples)]
     if path is not None:

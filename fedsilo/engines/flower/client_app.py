@@ -67,7 +67,7 @@ def silo_for(message: Message, context: Context) -> Silo:
         own = cfg.model_copy(update={"task": cfg.task.for_silos([name]).model_copy(update={"data_dir": data_dir})})
         model, tokenizer = build_model(own)
         task = build_task(own, tokenizer, clients=[name])
-        store = DiskStore(Path(root) / str(conf["run-key"]))
+        store = DiskStore(Path(root) / str(conf["run-key"]), str(conf["run-key"]))  # the run key is its run id
         client = build_client(cfg, task, model, store, name, cfg.task.client_names().index(name),
                               task.examples(name, "train"), cfg.client_config(name),
                               initial_private(model, exchange_plan(cfg)))

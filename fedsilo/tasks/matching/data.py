@@ -35,7 +35,7 @@ from pathlib import Path
 
 from fedsilo.datafetch import DataError, read_manifest, require_files, warn_if_unpinned
 
-from ..prepared import cache_path, package_version, read_cache, write_cache
+from ..prepared import cache_path, ignored, package_version, read_cache, write_cache
 from .bm25 import Bm25Index, top_k
 
 __all__ = ["SILOS", "DISPLAY", "SPLITS", "PREPARE_VERSION", "DataError", "Question", "load_silo",
@@ -374,15 +374,18 @@ def _cache_path(silo: str, negatives: int, data_dir: Path) -> Path:
 
 
 def _read_cache(path: Path) -> _Splits | None:
-    """The cached splits, or None when absent or not a well-formed cache file (then rebuilt)."""
+    """The cached splits, or None when absent or not a well-formed cache file (then rebuilt, with a
+    warning naming it: a bad cache entry is never reported as bad data)."""
+    data = read_cache(path)
+    if data is None:
+        return None
     try:
-        data = read_cache(path)
         splits = data["splits"]
         if data["version"] != PREPARE_VERSION or set(splits) != set(SPLITS):
-            return None
+            return ignored(path, f"not version {PREPARE_VERSION}'s prepared splits")
         return {split: [_from_json(row) for row in splits[split]] for split in SPLITS}
-    except (ValueError, TypeError, KeyError):
-        return None
+    except (ValueError, TypeError, KeyError) as err:
+        return ignored(path, f"not a prepared-splits file ({type(err).__name__}: {err})")
 
 
 def _from_json(row: list) -> Question:

@@ -8,15 +8,18 @@ content of the source files (`fedsilo.tasks.prepared`).
 from __future__ import annotations
 
 import random
+import tarfile
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from fedsilo.datafetch import DataError, require_files, warn_if_unpinned
-from fedsilo.tasks.prepared import cache_path, package_version, read_cache, write_cache
+from fedsilo.tasks.prepared import cache_path, ignored, package_version, read_cache, write_cache
 
-from .catalog import CATALOG, PAPER_CLIENTS, Record, TaskInfo
+from .catalog import CATALOG, PAPER_CLIENTS, Pools, Record, TaskInfo
 from .converters import load_all
 from .fewshot import FewShot, sample_seeds
+from .reading import RECORD_ERRORS
 
 load_all()  # fills the catalogue
 
@@ -78,10 +81,24 @@ def load_fewshot(root: Path, name: str, seeds: Sequence[int], k_per_class: int, 
     cached = read_cache(path)
     if _well_formed(cached):
         return FewShot(*([Record(r[0], tuple(r[1])) for r in cached[s]] for s in SPLITS))
-    shots = sample_seeds(info.convert(Path(root)), info.per_class, k, seeds)
+    if cached is not None:
+        ignored(path, "not a few-shot splits file")
+    shots = sample_seeds(_convert(info, Path(root)), info.per_class, k, seeds)
     _check(info, shots, root)
     write_cache(path, {s: [[r.input, list(r.outputs)] for r in getattr(shots, s)] for s in SPLITS})
     return shots
+
+
+def _convert(info: TaskInfo, root: Path) -> Pools:
+    """The task's pools. fedsilo's converters name the file and line of a malformed record; what
+    another converter (a plug-in's) raises on one still names the task and its files, in one line."""
+    try:
+        return info.convert(root)
+    except DataError:
+        raise
+    except (*RECORD_ERRORS, zipfile.BadZipFile, tarfile.TarError, EOFError) as err:
+        raise DataError(f"multitask task {info.name}: cannot convert {', '.join(str(root / f) for f in info.files)} "
+                        f"({type(err).__name__}: {' '.join(str(err).split())})") from None
 
 
 def _well_formed(payload) -> bool:
