@@ -22,6 +22,8 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
+from fedsilo.errors import SurgeryError
+
 
 class ControllerSettings(BaseModel):
     """``[model.surgery] name = "controllers"`` options."""
@@ -59,7 +61,7 @@ def _stacks(model: nn.Module) -> tuple[nn.Module, nn.Module]:
             return encoder, decoder
     except AttributeError:
         pass
-    raise ValueError(f"controllers: {type(model).__name__} has no encoder.layers / decoder.layers (a Marian- or "
+    raise SurgeryError(f"controllers: {type(model).__name__} has no encoder.layers / decoder.layers (a Marian- or "
                      "BART-style seq2seq model is needed: model.name = \"transformer\" or such a checkpoint)")
 
 
@@ -77,12 +79,12 @@ def apply_controllers(model: nn.Module, settings: ControllerSettings, seed: int)
     encoder, decoder = _stacks(model)
     taken = [n for n, _ in model.named_parameters() if "controller" in n]
     if taken:
-        raise ValueError(f"controllers: the model already has tensors named like controllers ({taken[0]!r}); "
+        raise SurgeryError(f"controllers: the model already has tensors named like controllers ({taken[0]!r}); "
                          "was the surgery applied twice?")
     for name, stack in (("encoder", encoder), ("decoder", decoder)):
         too_far = [i for i in settings.after if i >= len(stack.layers)]
         if too_far:
-            raise ValueError(f"controllers: after = {too_far[0]}, but the {name} has {len(stack.layers)} layers")
+            raise SurgeryError(f"controllers: after = {too_far[0]}, but the {name} has {len(stack.layers)} layers")
     ref = next(model.parameters())
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

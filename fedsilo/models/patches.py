@@ -83,6 +83,14 @@ transformers' internal mask formats (4-D, additive, SDPA, ...) never matter. The
 mask stays recorded (a gradient-checkpointing recomputation of a layer still finds it); a PAL
 patch refuses a recorded mask whose shape does not match its input. Only plain 0/1 (or bool)
 2-D masks are supported for PAL.
+
+Models: patches go into a BERT-family cross-encoder (``model.kind = "encoder"``: ``minilm``,
+``tiny-bert`` or a local BERT checkpoint); a seq2seq model (T5, BART, Marian, ``minilm2bert``) has no
+``bert.encoder.layer`` to patch and is refused by name when the config is validated where the config
+names it, else when the surgery runs. ``size`` is at most ``MAX_SIZE`` (the bound of
+``model.d_model``) when the config is validated, and at most the model's hidden size d when the
+surgery runs: a patch projects the hidden states *down* to d_s, and a bound that only the allocator
+enforces would be a traceback (``size = 10**12`` asks for 4·10¹² bytes).
 """
 from __future__ import annotations
 
@@ -94,9 +102,15 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
+from fedsilo.errors import SurgeryError
+
 KINDS = ("lowrank", "pal")
 INSERTIONS = ("inner", "outer", "vertical", "vertical_code", "horizontal")
 INITS = ("zero", "random")
+MAX_SIZE = 2**14  # = the bound of model.d_model: no patch is wider than the widest model fedsilo builds
+SEQ2SEQ_NAMES = ("tiny-t5", "minilm2bert", "transformer")  # fedsilo.models.seq2seq.BUILTIN (not imported: transformers)
+SUPPORTED = ('a BERT-family cross-encoder (model.kind = "encoder": minilm, tiny-bert or a local BERT '
+             'checkpoint)')
 
 
 class PatchSettings(BaseModel):
@@ -109,7 +123,8 @@ class PatchSettings(BaseModel):
         "horizontal", description="where the patches sit (FedMatch Fig. 3; vertical_code: the authors' code)")
     init: Literal["zero", "random"] = Field(
         "zero", description="V_D's start: zero (the model is unchanged at start) or random (the paper, §3.5)")
-    size: int = Field(128, gt=0, description="d_s, the patch's projection size")
+    size: int = Field(128, gt=0, le=MAX_SIZE, description="d_s, the patch's projection size (at most the model's "
+                                                           "hidden size)")
     heads: int = Field(4, gt=0, description="attention heads of a pal patch")
 
     @model_validator(mode="after")
@@ -117,6 +132,13 @@ class PatchSettings(BaseModel):
         if self.kind == "pal" and self.size % self.heads:
             raise ValueError(f"patches: size = {self.size} is not a multiple of heads = {self.heads} (pal)")
         return self
+
+    @staticmethod
+    def check_model(kind: str | None, name: str | None) -> None:
+        """Refuse a model the config names as seq2seq before it is built (the config calls this)."""
+        if kind == "seq2seq" or (kind is None and name in SEQ2SEQ_NAMES):
+            what = f"model.name = {name!r}" if name in SEQ2SEQ_NAMES else 'model.kind = "seq2seq"'
+            raise ValueError(f"patches need {SUPPORTED}, not a seq2seq model ({what})")
 
 
 class _MaskRecorder:
@@ -301,9 +323,9 @@ def _get(root: nn.Module, path: str) -> Any:
 
 def _layers(model: nn.Module) -> list[nn.Module]:
     """The BERT layers, after checking the model has every part the patches use."""
-    def missing(what: str) -> ValueError:
-        return ValueError(f"patches: the model ({type(model).__name__}) is not a BERT-family cross-encoder: "
-                          f"it has no `{what}`")
+    def missing(what: str) -> SurgeryError:
+        return SurgeryError(f"model.surgery: patches need {SUPPORTED}; the model ({type(model).__name__}) is not "
+                            f"a BERT-family cross-encoder: it has no `{what}`")
 
     for path in ("bert", "bert.embeddings", "bert.encoder", "bert.encoder.layer"):
         if not isinstance(_get(model, path), nn.Module):
@@ -317,8 +339,8 @@ def _layers(model: nn.Module) -> list[nn.Module]:
                 raise missing(f"bert.encoder.layer[{i}].{part}")
         for part in ("attention.output.dense", "output.dense"):
             if not isinstance(_get(layer, part), nn.Linear):
-                raise ValueError(f"patches: bert.encoder.layer[{i}].{part} is a {type(_get(layer, part)).__name__}, "
-                                 "not a torch.nn.Linear")
+                raise SurgeryError(f"patches: bert.encoder.layer[{i}].{part} is a "
+                                   f"{type(_get(layer, part)).__name__}, not a torch.nn.Linear")
     return layers
 
 
@@ -335,7 +357,7 @@ def apply_patches(model: nn.Module, settings: PatchSettings | None, seed: int) -
     layers = _layers(model)
     taken = [n for n, _ in (*model.named_parameters(), *model.named_buffers()) if "patch" in n]
     if taken:
-        raise ValueError(f"patches: the model already has tensors named like patches ({taken[0]!r}"
+        raise SurgeryError(f"patches: the model already has tensors named like patches ({taken[0]!r}"
                          f"{f' and {len(taken) - 1} more' if len(taken) > 1 else ''}); the glob *patch* would not "
                          "separate the patches from the backbone (was the surgery applied twice?)")
 
@@ -343,11 +365,14 @@ def apply_patches(model: nn.Module, settings: PatchSettings | None, seed: int) -
     d = layers[-1].output.dense.out_features
     for i, layer in enumerate(layers):
         if layer.attention.output.dense.out_features != d or layer.output.dense.out_features != d:
-            raise ValueError(f"patches: bert.encoder.layer[{i}] does not map to the hidden size {d}")
+            raise SurgeryError(f"patches: bert.encoder.layer[{i}] does not map to the hidden size {d}")
+    if settings.size > d:
+        raise SurgeryError(f"model.surgery.options.size = {settings.size} is larger than the model's hidden size "
+                           f"d = {d}: a patch projects the hidden states down to size (V_E: d → d_s)")
     config = getattr(model, "config", None)
     if settings.kind == "pal" and settings.insertion in ("inner", "outer") \
             and getattr(config, "chunk_size_feed_forward", 0):
-        raise ValueError("patches: pal patches inside the feed-forward sublayer need the whole sequence; "
+        raise SurgeryError("patches: pal patches inside the feed-forward sublayer need the whole sequence; "
                          f"the model chunks it (config.chunk_size_feed_forward = {config.chunk_size_feed_forward})")
     std = float(getattr(config, "initializer_range", 0.02) or 0.02)
 
@@ -361,7 +386,7 @@ def apply_patches(model: nn.Module, settings: PatchSettings | None, seed: int) -
 
     def attach(owner: nn.Module, where: str) -> Patch:
         if hasattr(owner, "patch"):
-            raise ValueError(f"patches: {where} already has an attribute named 'patch'")
+            raise SurgeryError(f"patches: {where} already has an attribute named 'patch'")
         owner.patch = new_patch()
         return owner.patch
 

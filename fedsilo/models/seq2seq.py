@@ -107,6 +107,7 @@ def build_seq2seq(cfg: ModelConfig, seed: int = 0, task_tokenizer=None) -> tuple
         torch.manual_seed(seed)
         model, tokenizer = _build(cfg, task_tokenizer)
         _set_special_tokens(model, tokenizer)
+        _size_generation_cache(model)
         model.to(device)
     model.eval()
     return model, tokenizer
@@ -131,6 +132,18 @@ def _build(cfg: ModelConfig, task_tokenizer=None) -> tuple[PreTrainedModel, obje
         except (OSError, ValueError) as err:
             raise ConfigError(f"model.name: cannot load a seq2seq checkpoint from {path}: {err}") from None
     return model, tokenizer
+
+
+def _size_generation_cache(model: PreTrainedModel) -> None:
+    """transformers sizes the decoder's generation cache by `config.get_text_config(decoder=True)`,
+    which for a flat T5-style config reads `num_layers`, the *encoder's* depth: with fewer encoder
+    than decoder layers, generation fails with an IndexError. That lookup maps a `decoder_layers`
+    key onto the decoder's depth, so one is set where the two disagree."""
+    config = model.config
+    depth = getattr(config, "num_decoder_layers", None)
+    if depth is not None and config.is_encoder_decoder \
+            and config.get_text_config(decoder=True).num_hidden_layers != depth:
+        config.decoder_layers = depth
 
 
 @contextmanager

@@ -24,13 +24,53 @@ class CompareError(ValueError):
     """The two runs cannot be compared (different tasks, no test results); the message says why."""
 
 
-def _metric_rows(results: Mapping[str, Any], where: str) -> tuple[dict[tuple[str, str], float | None], str, bool]:
-    test = results.get("test") or {}
-    spec = results.get("metric_spec") or {}
+def _metric_rows(results: Any, where: str) -> tuple[dict[tuple[str, str], float | None], str, bool]:
+    """(client, task) → the primary metric, checked field by field: a hand-edited or foreign
+    results.json is an error naming the file and the field, never a KeyError."""
+    if not isinstance(results, Mapping):
+        raise CompareError(f"{where}: expected a JSON object at the top level, got {_kind(results)}")
+    test, spec = results.get("test") or {}, results.get("metric_spec") or {}
+    for key, value in (("test", test), ("metric_spec", spec)):
+        if not isinstance(value, Mapping):
+            raise CompareError(f"{where}: {key!r} is {_kind(value)}, expected an object")
     primary, higher = spec.get("primary"), spec.get("higher_is_better", True)
     if not test.get("rows") or not primary:
         raise CompareError(f"{where}: no test results (a finished run's results.json)")
-    return {(r["client"], r["task"]): (r.get("metrics") or {}).get(primary) for r in test["rows"]}, primary, higher
+    if not isinstance(primary, str) or not isinstance(higher, bool):
+        raise CompareError(f"{where}: metric_spec needs a metric name 'primary' and a true/false 'higher_is_better'")
+    if not isinstance(test["rows"], list):
+        raise CompareError(f"{where}: test.rows is {_kind(test['rows'])}, expected a list")
+    out: dict[tuple[str, str], float | None] = {}
+    for i, row in enumerate(test["rows"]):
+        at = f"{where}: test.rows[{i}]"
+        if not isinstance(row, Mapping):
+            raise CompareError(f"{at} is {_kind(row)}, expected an object")
+        for key in ("client", "task"):
+            if not isinstance(row.get(key), str):
+                raise CompareError(f"{at}: {'no' if row.get(key) is None else 'a non-text'} {key!r}")
+        metrics = row.get("metrics") or {}
+        if not isinstance(metrics, Mapping):
+            raise CompareError(f"{at}: metrics is {_kind(metrics)}, expected an object")
+        value = metrics.get(primary)
+        if isinstance(value, bool) or not isinstance(value, (int, float, type(None))):
+            raise CompareError(f"{at}: metrics.{primary} is {_kind(value)} ({value!r}), expected a number")
+        if (row["client"], row["task"]) in out:
+            raise CompareError(f"{at}: a second row for client {row['client']!r}, task {row['task']!r}")
+        out[(row["client"], row["task"])] = None if value is None else float(value)
+    return out, primary, higher
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def check_tie(tie: float) -> None:
+    """A tie margin is an absolute metric difference: NaN would make every row a win or a loss, and
+    a negative one would make no difference a tie, both silently."""
+    if isinstance(tie, bool) or not isinstance(tie, (int, float)) or not math.isfinite(tie) or tie < 0:
+        raise CompareError(f"--tie {tie!r}: the tie margin must be a finite number ≥ 0 (metric differences up "
+                           "to it count as ties)")
 
 
 def pir(new: float, base: float) -> float | None:
@@ -41,6 +81,7 @@ def compare(results: Mapping[str, Any], baseline: Mapping[str, Any], tie: float 
             where: tuple[str, str] = ("run", "baseline")) -> dict:
     """{rows: [{client, task, new, base, pir, outcome}], clients: {client: apir}, apir, win, lose,
     tie, undefined} for two runs' test results over the same (client, task) rows."""
+    check_tie(tie)
     new, primary, higher = _metric_rows(results, where[0])
     base, base_primary, _ = _metric_rows(baseline, where[1])
     if primary != base_primary:
@@ -54,8 +95,9 @@ def compare(results: Mapping[str, Any], baseline: Mapping[str, Any], tie: float 
     rows, counts = [], {"win": 0, "lose": 0, "tie": 0, "undefined": 0}
     for key in base:
         m_new, m_base = new[key], base[key]
-        if m_new is None or m_base is None or math.isnan(m_new) or math.isnan(m_base):
-            raise CompareError(f"client {key[0]!r}, task {key[1]!r}: no {primary} value in one of the runs")
+        for side, value in zip(where, (m_new, m_base)):
+            if value is None or not math.isfinite(value):
+                raise CompareError(f"{side}: client {key[0]!r}, task {key[1]!r}: no finite {primary} value ({value})")
         diff = sign * (m_new - m_base)
         outcome = "tie" if abs(diff) <= tie else ("win" if diff > 0 else "lose")
         rate = pir(m_new, m_base)
@@ -92,8 +134,10 @@ def to_markdown(summary: Mapping[str, Any], name: str, baseline_name: str) -> st
 
 def compare_runs(run: Path, baseline: Path, tie: float = 0.0) -> tuple[dict, Path]:
     """Compare two run directories; writes RUN/compare-<baseline>.{md,json}. Returns (summary, md path)."""
+    check_tie(tie)
     run, baseline = Path(run), Path(baseline)
-    summary = compare(read_results(run), read_results(baseline), tie, (str(run), str(baseline)))
+    summary = compare(read_results(run), read_results(baseline), tie,
+                      (str(run / "results.json"), str(baseline / "results.json")))
     stem = run / f"compare-{baseline.name or 'baseline'}"
     md = stem.with_suffix(".md")
     md.write_text(to_markdown(summary, run.name, baseline.name))

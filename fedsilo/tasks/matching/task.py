@@ -59,6 +59,19 @@ def _rankable(q: Question) -> bool:
     return 0 < sum(q.labels) < len(q.labels)
 
 
+def _check_rankable(data_dir: Path, silo: str, split: str, questions: Sequence[Question]) -> None:
+    """A split without one question that can be ranked is refused before training: a dev or test
+    split would have no MAP/MRR, and the mean over silos would silently cover fewer silos."""
+    if any(_rankable(q) for q in questions):
+        return
+    labels = [y for q in questions for y in q.labels]
+    why = ("it is empty" if not labels else f"every {split} label is 0: no question has a correct answer"
+           if not any(labels) else f"every {split} label is 1" if all(labels) else "no question has both")
+    then = "nothing to train on" if split == "train" else "no MAP/MRR, and the mean over silos would leave it out"
+    raise DataError(f"{data_dir}: silo {silo}, {split} split: no question has both a relevant and an irrelevant "
+                    f"candidate ({why}); {then}. Fix its labels or leave {silo} out of task.silos")
+
+
 class MatchingTask:
     """The chosen domains as silos: train triples, dev/test questions with their candidate lists."""
     name = "matching"
@@ -73,9 +86,8 @@ class MatchingTask:
         self._pools: dict[str, tuple[object, dict[str, int]]] = {}  # BM25 per silo, built on first use
         for silo in settings.silos:
             raw = load_silo(self.data_dir, silo, settings.negatives)
-            if not any(_rankable(q) for q in raw["train"]):
-                raise DataError(f"{self.data_dir}: silo {silo} has no training question with both a relevant "
-                                "and an irrelevant candidate")
+            for split in SPLITS:
+                _check_rankable(self.data_dir, silo, split, raw[split])
             trainable = [q for q in raw["train"] if _rankable(q)]
             self.questions[silo] = {
                 "train": fixed_subsample(trainable, settings.max_train, f"{silo}/train"),

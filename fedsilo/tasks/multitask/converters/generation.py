@@ -15,11 +15,15 @@ does not use stands in as the train pool:
 """
 from __future__ import annotations
 
-import csv
+import gzip
 import tarfile
+import zlib
 from pathlib import Path
 
+from fedsilo.datafetch import DataError
+
 from ..catalog import Pools, Record, clean, register
+from ..reading import Source, decode
 
 E2E = "e2e-cleaning/cleaned-data"
 WIKI = "wiki-split"
@@ -29,8 +33,8 @@ AESLC = "AESLC/enron_subject_line_dev_test.tar.gz"
 def _e2e(path: Path) -> list[Record]:
     """One record per meaning representation (first-seen order), its references in file order."""
     refs: dict[str, list[str]] = {}
-    with open(path, encoding="utf-8", newline="") as f:
-        for row in csv.DictReader(f):
+    with Source(path) as src:
+        for row in src.csv(header=True):
             refs.setdefault(clean(row["mr"]), []).append(clean(row["ref"]))
     return [Record(mr, tuple(dict.fromkeys(r for r in rs if r))) for mr, rs in refs.items()]
 
@@ -46,8 +50,8 @@ def e2e_nlg_cleaned(root: Path) -> Pools:
 def _wiki_split(path: Path) -> list[Record]:
     """Columns: the complex sentence, then its two simple sentences joined by "<::::>" (HF wiki_split)."""
     records = []
-    with open(path, encoding="utf-8", newline="") as f:
-        for complex_sentence, simple in csv.reader(f, delimiter="\t"):
+    with Source(path) as src:
+        for complex_sentence, simple in src.csv(delimiter="\t"):
             first, second = simple.split("<::::>")[:2]
             text = "sentence 1: " + clean(first) + " [SEP] sentence 2: " + clean(second)
             records.append(Record(text, (clean(complex_sentence),)))
@@ -76,16 +80,21 @@ def _aeslc(tar: tarfile.TarFile, split: str) -> list[Record]:
                       if m.isfile() and m.name.startswith(f"enron_subject_line/{split}/")
                       and m.name.endswith(".subject")), key=lambda m: m.name)
     records = []
-    for member in members:
-        body, subject = _email(tar.extractfile(member).read().decode("utf-8"))
-        records.append(Record("summarize: " + clean(body), (clean(subject),)))
+    with Source(tar.name) as src:
+        for member in src.track((f": {m.name}", m) for m in members):
+            body, subject = _email(decode(tar.extractfile(member).read(), "utf-8", src.where))
+            records.append(Record("summarize: " + clean(body), (clean(subject),)))
     return records
 
 
 @register("aeslc", group="generation", metric="rouge_l", per_class=False, files=(AESLC,),
           license="CC-BY-NC-SA-4.0 (non-commercial)")
 def aeslc(root: Path) -> Pools:
-    with tarfile.open(root / AESLC) as tar:
-        train, test = _aeslc(tar, "test"), _aeslc(tar, "dev")
+    try:
+        with tarfile.open(root / AESLC) as tar:
+            train, test = _aeslc(tar, "test"), _aeslc(tar, "dev")
+    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as e:
+        reason = (str(e).splitlines() or [type(e).__name__])[0].rstrip(":")
+        raise DataError(f"{root / AESLC}: not a readable tar archive ({reason})") from None
     return Pools(train, test, "the train split is not in the copy: test/ is the train pool, dev/ the test "
                               "pool (CrossFit's)")

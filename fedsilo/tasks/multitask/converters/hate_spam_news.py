@@ -21,12 +21,14 @@ datasets have only a train split):
 """
 from __future__ import annotations
 
-import csv
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
+from fedsilo.datafetch import DataError
+
 from ..catalog import Pools, Record, clean, register, split_80_20
-from .sentiment import read_lines
+from ..reading import Source, label
 
 ETHOS = "ethos/ethos_data/Ethos_Dataset_Multi_Label.csv"
 HSO = "ethos/hs_data/hate-speech-and-offensive-language.csv"
@@ -40,21 +42,20 @@ HSO_CLASSES = {"0": "hate speech", "1": "offensive language", "2": "neither"}
 AG_CLASSES = {"1": "World", "2": "Sports", "3": "Business", "4": "Sci/Tech"}
 
 
-def _csv_rows(path: Path, delimiter: str = ",") -> list[list[str]]:
-    with path.open(encoding="utf-8", newline="") as f:
-        return list(csv.reader(f, delimiter=delimiter))
-
-
 def _split(records: list[Record], note: str = "") -> Pools:
     train, test = split_80_20(records)
     return Pools(train, test, note or "CrossFit's own 80/20 split of the only split")
 
 
 def _ethos(root: Path, dimension: str) -> Pools:
-    header, *rows = _csv_rows(root / ETHOS, delimiter=";")
-    column = header.index(dimension)
     words = ETHOS_WORDS.get(dimension, ("false", "true"))
-    return _split([Record(clean(row[0]), (words[float(row[column]) >= 0.5],)) for row in rows])
+    with Source(root / ETHOS) as src:
+        rows = src.csv(delimiter=";")
+        header = next(rows, [])
+        if dimension not in header:
+            raise DataError(f"{root / ETHOS}:1: the header has no column {dimension!r}")
+        column = header.index(dimension)
+        return _split([Record(clean(row[0]), (words[float(row[column]) >= 0.5],)) for row in rows])
 
 
 def _register_ethos() -> None:
@@ -69,24 +70,31 @@ _register_ethos()
 @register("hate_speech_offensive", group="classification", metric="macro_f1", per_class=True, files=[HSO],
           license="MIT (Davidson et al.; copy inside the GPL-3.0 Ethos repository)")
 def hate_speech_offensive(root: Path) -> Pools:
-    _, *rows = _csv_rows(root / HSO)
-    return _split([Record(clean(row[6]), (HSO_CLASSES[row[5]],)) for row in rows])
+    with Source(root / HSO) as src:
+        rows = src.csv()
+        next(rows, None)  # the header
+        return _split([Record(clean(row[6]), (label(HSO_CLASSES, row[5]),)) for row in rows])
 
 
 @register("sms_spam", group="classification", metric="macro_f1", per_class=True, files=[SMS],
           license="research only (UCI SMS Spam Collection)")
 def sms_spam(root: Path) -> Pools:
-    lines = read_lines(root / SMS)
-    if lines and lines[0].startswith("Label\t"):
-        lines = lines[1:]
-    fields = [line.split("\t") for line in lines]
-    return _split([Record(clean(f[1]), ("ham" if f[0] == "ham" else "spam",)) for f in fields])
+    with Source(root / SMS) as src:
+        return _split([Record(clean(f[1]), ("ham" if f[0] == "ham" else "spam",)) for f in _sms_fields(src.lines())])
+
+
+def _sms_fields(lines: Iterator[str]) -> Iterator[list[str]]:
+    """Each message's tab-separated fields, without this copy's "Label<TAB>SMS" header line."""
+    for n, line in enumerate(lines):
+        if n or not line.startswith("Label\t"):
+            yield line.split("\t")
 
 
 @register("ag_news", group="classification", metric="macro_f1", per_class=True, files=[AG],
           license="non-commercial research (AG's corpus)")
 def ag_news(root: Path) -> Pools:
-    rows = _csv_rows(root / AG)
-    records = [Record(clean(f"{title} {description}"), (AG_CLASSES[label],)) for label, title, description in rows]
+    with Source(root / AG) as src:
+        records = [Record(clean(f"{title} {description}"), (label(AG_CLASSES, word),))
+                   for word, title, description in src.csv()]
     return _split(records, note="only HF's test split (7,600) is in the copy: 80/20 split of it "
                                 "(CrossFit: train 120,000 / test 7,600)")

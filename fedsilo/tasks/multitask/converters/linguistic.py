@@ -19,12 +19,12 @@ test files and few-shot train/dev samples of all of them, except CoLA's test fil
 """
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 import numpy as np
 
 from ..catalog import Pools, Record, register
+from ..reading import Source, label
 from .pairs import fields, read_jsonl, read_tsv, record, split_one_file
 
 # --- CoLA ---------------------------------------------------------------------------------------------
@@ -35,7 +35,8 @@ COLA_LABELS = {"0": "unacceptable", "1": "acceptable"}
 
 def cola_records(path: Path) -> list[Record]:
     """Columns (no header): source, label, original mark, sentence."""
-    return [record(row[3], COLA_LABELS[row[1]]) for row in read_tsv(path, header=False)]
+    with Source(path) as src:
+        return [record(row[3], label(COLA_LABELS, row[1])) for row in read_tsv(src, header=False)]
 
 
 @register("glue-cola", group="classification", metric="mcc", per_class=True,
@@ -77,9 +78,9 @@ def blimp_file(paradigm: str) -> str:
 
 
 def blimp_pools(root: Path, paradigm: str) -> Pools:
-    rows = read_jsonl(root / blimp_file(paradigm))
-    return split_one_file(shuffled_pairs([(r["sentence_good"], r["sentence_bad"]) for r in rows]),
-                          f"BLiMP {paradigm}")
+    with Source(root / blimp_file(paradigm)) as src:
+        pairs = [(r["sentence_good"], r["sentence_bad"]) for r in read_jsonl(src)]
+        return split_one_file(shuffled_pairs(pairs), f"BLiMP {paradigm}")
 
 
 def _register_blimp(paradigm: str) -> None:
@@ -98,10 +99,9 @@ CROWS = "crows-pairs/data/crows_pairs_anonymized.csv"
 
 @register("crows_pairs", group="other", metric="acc", per_class=True, files=(CROWS,), license="CC-BY-SA-4.0")
 def crows_pairs(root: Path) -> Pools:
-    with open(root / CROWS, encoding="utf-8", newline="") as f:
-        rows = list(csv.DictReader(f))
-    return split_one_file(shuffled_pairs([(r["sent_more"], r["sent_less"]) for r in rows]),
-                          "CrowS-Pairs (HF: test only)")
+    with Source(root / CROWS) as src:
+        pairs = [(r["sent_more"], r["sent_less"]) for r in src.csv(header=True)]
+        return split_one_file(shuffled_pairs(pairs), "CrowS-Pairs (HF: test only)")
 
 
 # --- Query well-formedness --------------------------------------------------------------------------------
@@ -114,12 +114,13 @@ def wellformed_records(path: Path) -> list[Record]:
     `rating < 0.4` / `rating > 0.6` see 0.4 as 0.4000000060 (dropped) and 0.6 as 0.6000000238
     (well-formed): only 0.4 and 0.5 are left out."""
     out = []
-    for query, rating in read_tsv(path, header=False):
-        value = float(np.float32(rating))
-        if value < 0.4:
-            out.append(record(query.strip(), "not well-formed"))
-        elif value > 0.6:
-            out.append(record(query.strip(), "well-formed"))
+    with Source(path) as src:
+        for query, rating in read_tsv(src, header=False):
+            value = float(np.float32(rating))
+            if value < 0.4:
+                out.append(record(query.strip(), "not well-formed"))
+            elif value > 0.6:
+                out.append(record(query.strip(), "well-formed"))
     return out
 
 

@@ -23,12 +23,12 @@ test files and few-shot samples byte for byte, by the checksums in its tasks/_md
 """
 from __future__ import annotations
 
-import csv
-import json
-from collections.abc import Iterable
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from ..catalog import Pools, Record, clean, register, split_80_20
+from ..reading import Source, label
 
 SEP = " [SEP] "
 
@@ -43,21 +43,22 @@ def fields(*named: tuple[str, str]) -> str:
     return SEP.join(f"{name}: {text}" for name, text in named)
 
 
-def read_lines(path: Path) -> list[str]:
+def read_lines(src: Source) -> Iterator[str]:
     """A text file's lines without line ends (a UTF-8 BOM dropped), split where `for line in file`
     splits (universal newlines; not `splitlines`, which also splits at U+2028 and the like)."""
-    lines = path.read_text(encoding="utf-8-sig").split("\n")
-    return lines[:-1] if lines and lines[-1] == "" else lines
+    return src.lines("utf-8-sig", universal=True)
 
 
-def read_tsv(path: Path, header: bool = True) -> list[list[str]]:
+def read_tsv(src: Source, header: bool = True) -> Iterator[list[str]]:
     """Tab-split rows, no quoting (quotes in MSR and SICK sentences are text)."""
-    rows = [line.split("\t") for line in read_lines(path)]
-    return rows[1:] if header else rows
+    rows = (line.split("\t") for line in read_lines(src))
+    if header:
+        next(rows, None)
+    return rows
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in read_lines(path) if line.strip()]
+def read_jsonl(src: Source) -> Iterator[Any]:
+    return src.jsonl("utf-8-sig")
 
 
 def split_one_file(records: list[Record], source: str) -> Pools:
@@ -74,8 +75,9 @@ MRPC_LABELS = {"0": "not_equivalent", "1": "equivalent"}
 
 def mrpc_records(path: Path) -> list[Record]:
     """Columns: Quality, #1 ID, #2 ID, #1 String, #2 String."""
-    return [record(fields(("sentence 1", row[3]), ("sentence 2", row[4])), MRPC_LABELS[row[0]])
-            for row in read_tsv(path)]
+    with Source(path) as src:
+        return [record(fields(("sentence 1", row[3]), ("sentence 2", row[4])), label(MRPC_LABELS, row[0]))
+                for row in read_tsv(src)]
 
 
 @register("glue-mrpc", group="classification", metric="acc", per_class=True,
@@ -96,8 +98,9 @@ SICK_DIR = "dataset-sts/data/sts/sick2014"
 
 def sick_records(path: Path) -> list[Record]:
     """Columns: pair_ID, sentence_A, sentence_B, relatedness_score, entailment_judgment."""
-    return [record(fields(("sentence 1", row[1]), ("sentence 2", row[2])), row[4].lower())
-            for row in read_tsv(path)]
+    with Source(path) as src:
+        return [record(fields(("sentence 1", row[1]), ("sentence 2", row[2])), row[4].lower())
+                for row in read_tsv(src)]
 
 
 @register("sick", group="classification", metric="macro_f1", per_class=True,
@@ -118,9 +121,9 @@ MQP_LABELS = {"0": "Similar", "1": "Dissimilar"}  # CrossFit's map, applied to m
 @register("medical_questions_pairs", group="classification", metric="acc", per_class=True, files=(MQP,),
           license="none stated")
 def medical_questions_pairs(root: Path) -> Pools:
-    with open(root / MQP, encoding="utf-8", newline="") as f:
-        records = [record(fields(("question 1", q1), ("question 2", q2)), MQP_LABELS[label])
-                   for _dr, q1, q2, label in csv.reader(f)]
+    with Source(root / MQP) as src:
+        records = [record(fields(("question 1", q1), ("question 2", q2)), label(MQP_LABELS, word))
+                   for _dr, q1, q2, word in src.csv()]
     pools = split_one_file(records, "mqp.csv")
     return Pools(pools.train, pools.test, note=pools.note + "; CrossFit's label words kept as CrossFit maps "
                                                            "them: 'Dissimilar' = mqp label 1 = similar pair")
@@ -136,7 +139,8 @@ CLIMATE_LABELS = {"SUPPORTS": "Supports", "REFUTES": "Refutes", "NOT_ENOUGH_INFO
 @register("climate_fever", group="classification", metric="macro_f1", per_class=True, files=(CLIMATE,),
           license="none stated in repo")
 def climate_fever(root: Path) -> Pools:
-    records = [record(row["claim"], CLIMATE_LABELS[row["claim_label"]]) for row in read_jsonl(root / CLIMATE)]
+    with Source(root / CLIMATE) as src:
+        records = [record(row["claim"], label(CLIMATE_LABELS, row["claim_label"])) for row in read_jsonl(src)]
     return split_one_file(records, "climate-fever.jsonl (HF: test only)")
 
 
@@ -147,27 +151,30 @@ ADE_AE, ADE_NEG, ADE_DOSE = f"{ADE_DIR}/DRUG-AE.rel", f"{ADE_DIR}/ADE-NEG.txt", 
 ADE_LICENSE = "none stated (ADE corpus, Gurulingappa et al. 2012)"
 
 
-def ade_relations(path: Path) -> Iterable[list[str]]:
+def ade_relations(src: Source) -> Iterator[list[str]]:
     """Pipe-separated: PubMed id, sentence, effect or dose, 2 offsets, drug, 2 offsets (HF splits on every "|")."""
-    return (line.strip().split("|") for line in read_lines(path))
+    return (line.strip().split("|") for line in read_lines(src))
 
 
-def ade_negatives(path: Path) -> Iterable[str]:
+def ade_negatives(src: Source) -> Iterator[str]:
     """"<PubMed id> NEG <sentence>": the sentence is everything after the second space."""
-    return (" ".join(line.strip().split(" ")[2:]) for line in read_lines(path))
+    return (" ".join(line.strip().split(" ")[2:]) for line in read_lines(src))
 
 
 @register("ade_corpus_v2-classification", group="classification", metric="macro_f1", per_class=True,
           files=(ADE_AE, ADE_NEG), license=ADE_LICENSE)
 def ade_classification(root: Path) -> Pools:
-    related = [record(value[1], "Related") for value in ade_relations(root / ADE_AE)]
-    unrelated = [record(text, "Not Related") for text in ade_negatives(root / ADE_NEG)]
+    with Source(root / ADE_AE) as src:
+        related = [record(value[1], "Related") for value in ade_relations(src)]
+    with Source(root / ADE_NEG) as src:
+        unrelated = [record(text, "Not Related") for text in ade_negatives(src)]
     return split_one_file(related + unrelated, "ADE-Corpus-V2 (DRUG-AE.rel then ADE-NEG.txt, as HF)")
 
 
 def ade_extraction(root: Path, rel: str) -> Pools:
     """CrossFit's ade_dosage/ade_effect: "sentence [SEP] drug" -> the dose or the adverse effect."""
-    records = [record(value[1] + SEP + value[5], value[2]) for value in ade_relations(root / rel)]
+    with Source(root / rel) as src:
+        records = [record(value[1] + SEP + value[5], value[2]) for value in ade_relations(src)]
     return split_one_file(records, rel.rsplit("/", 1)[-1])
 
 

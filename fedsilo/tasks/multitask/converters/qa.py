@@ -19,12 +19,12 @@ Where the copy lacks the split CrossFit trains on, the note says what stands in:
 """
 from __future__ import annotations
 
-import csv
-import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from ..catalog import Pools, Record, clean, register, split_80_20
+from ..reading import Source
 
 _LETTERS = "ABCDE"
 
@@ -42,15 +42,16 @@ def _choices(texts: Sequence[str], letters: str = _LETTERS) -> str:
     return "".join(f" ({letter}) {clean(text)}" for letter, text in zip(letters[:len(texts)], texts, strict=True))
 
 
-def _tsv(path: Path) -> list[list[str]]:
+def _tsv(src: Source) -> Iterator[list[str]]:
     """Rows of a tab-separated file, read as HF's scripts read them (csv quoting on)."""
-    with open(path, encoding="utf-8", newline="") as f:
-        return list(csv.reader(f, delimiter="\t"))
+    return src.csv(delimiter="\t")
 
 
-def _jsonl(path: Path) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+def _index(items: Sequence[Any], i: int, what: str) -> Any:
+    """items[i], refusing an index outside them (a negative one would silently count from the end)."""
+    if not 0 <= i < len(items):
+        raise ValueError(f"{what} {i} is not one of the {len(items)} choices")
+    return items[i]
 
 
 # --- multiple choice -------------------------------------------------------------------------------
@@ -58,9 +59,11 @@ def _jsonl(path: Path) -> list[dict]:
 def _codah(path: Path) -> list[Record]:
     """Columns: category, prompt, four candidates, index of the correct one (HF codah's reading)."""
     records = []
-    for row in _tsv(path):
-        prompt, candidates, answer = row[1], row[2:-1], int(row[-1])
-        records.append(Record(clean(prompt) + _choices(candidates), (clean(candidates[answer]),)))
+    with Source(path) as src:
+        for row in _tsv(src):
+            prompt, candidates, answer = row[1], row[2:-1], int(row[-1])
+            records.append(Record(clean(prompt) + _choices(candidates),
+                                  (clean(_index(candidates, answer, "answer")),)))
     return records
 
 
@@ -73,14 +76,14 @@ def codah(root: Path) -> Pools:
 
 def _dream(path: Path) -> list[Record]:
     """One record per question (HF dream), the whole dialogue joined by spaces."""
-    with open(path, encoding="utf-8") as f:
-        dialogues = json.load(f)
     records = []
-    for turns, questions, _id in dialogues:
-        dialogue = " ".join(clean(t) for t in turns)
-        for q in questions:
-            text = clean(q["question"]) + " [SEP] " + dialogue + " [SEP] " + _choices(q["choice"])
-            records.append(Record(text, (clean(q["answer"]),)))
+    with Source(path) as src:
+        dialogues = src.json()
+        for turns, questions, _id in src.track((f": dialogue {i}", d) for i, d in enumerate(dialogues)):
+            dialogue = " ".join(clean(t) for t in turns)
+            for q in questions:
+                text = clean(q["question"]) + " [SEP] " + dialogue + " [SEP] " + _choices(q["choice"])
+                records.append(Record(text, (clean(q["answer"]),)))
     return records
 
 
@@ -91,13 +94,12 @@ def dream(root: Path) -> Pools:
 
 
 def _cosmos(path: Path) -> list[Record]:
-    with open(path, encoding="utf-8", newline="") as f:
-        rows = list(csv.DictReader(f))
     records = []
-    for row in rows:
-        answers = [row[f"answer{i}"] for i in range(4)]
-        text = clean(row["question"]) + " [SEP] " + clean(row["context"]) + " [SEP] " + _choices(answers)
-        records.append(Record(text, (clean(answers[int(row["label"])]),)))
+    with Source(path) as src:
+        for row in src.csv(header=True):
+            answers = [row[f"answer{i}"] for i in range(4)]
+            text = clean(row["question"]) + " [SEP] " + clean(row["context"]) + " [SEP] " + _choices(answers)
+            records.append(Record(text, (clean(_index(answers, int(row["label"]), "label")),)))
     return records
 
 
@@ -111,12 +113,15 @@ def cosmos_qa(root: Path) -> Pools:
 def _aqua(path: Path) -> list[Record]:
     """Options are "A)text": CrossFit writes " (A) text" and answers with the correct option's text."""
     records = []
-    for problem in _jsonl(path):
-        options = problem["options"]
-        letters = "".join(o[0] for o in options)
-        texts = [o[2:] for o in options]
-        answer = texts[letters.index(problem["correct"])]
-        records.append(Record(clean(problem["question"]) + _choices(texts, letters), (clean(answer),)))
+    with Source(path) as src:
+        for problem in src.jsonl():
+            options = problem["options"]
+            letters = "".join(o[0] for o in options)
+            texts = [o[2:] for o in options]
+            if len(problem["correct"]) != 1 or problem["correct"] not in letters:
+                raise ValueError(f"correct = {problem['correct']!r} is not one of the options {letters!r}")
+            answer = texts[letters.index(problem["correct"])]
+            records.append(Record(clean(problem["question"]) + _choices(texts, letters), (clean(answer),)))
     return records
 
 
@@ -132,8 +137,9 @@ def aqua_rat(root: Path) -> Pools:
 
 def _mctaco(path: Path) -> list[Record]:
     """Columns: sentence, question, candidate answer, yes/no, category; the label word is CrossFit's."""
-    return [Record(clean(s) + " [SEP] " + clean(q) + " [SEP] " + clean(a), (label,))
-            for s, q, a, label, _category in _tsv(path)]
+    with Source(path) as src:
+        return [Record(clean(s) + " [SEP] " + clean(q) + " [SEP] " + clean(a), (label,))
+                for s, q, a, label, _category in _tsv(src)]
 
 
 @register("mc_taco", group="qa", metric="acc", per_class=True, files=(MCTACO,), license="none stated")
@@ -146,8 +152,9 @@ def mc_taco(root: Path) -> Pools:
 # --- short answer ----------------------------------------------------------------------------------
 
 def _numer_sense(path: Path) -> list[Record]:
-    return [Record(clean(sentence).replace("<mask>", "[MASK]"), (clean(target),))
-            for sentence, target in _tsv(path)]
+    with Source(path) as src:
+        return [Record(clean(sentence).replace("<mask>", "[MASK]"), (clean(target),))
+                for sentence, target in _tsv(src)]
 
 
 @register("numer_sense", group="qa", metric="em", per_class=False, files=(NUMER,), license="MIT")
@@ -165,10 +172,11 @@ def _proto_answers(raw: dict[str, int]) -> tuple[str, ...]:
 
 def _proto(path: Path) -> list[Record]:
     records = []
-    for q in _jsonl(path):
-        answers = _proto_answers(q["answers"]["raw"])
-        if answers:
-            records.append(Record(clean(q["question"]["normalized"]), answers))
+    with Source(path) as src:
+        for q in src.jsonl():
+            answers = _proto_answers(q["answers"]["raw"])
+            if answers:
+                records.append(Record(clean(q["question"]["normalized"]), answers))
     return records
 
 

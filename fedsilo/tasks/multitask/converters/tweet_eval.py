@@ -17,8 +17,10 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
+from fedsilo.datafetch import DataError
+
 from ..catalog import Pools, Record, clean, register
-from .sentiment import read_lines
+from ..reading import Source, label
 
 DATA = "tweeteval/datasets"
 LICENSE = "per-task source licences and Twitter's terms (TweetEval adds no restriction)"
@@ -43,12 +45,14 @@ NO_TRAIN_TEXT = {"sentiment": "test"}  # subset -> the labelled split that stand
 
 def read_split(root: Path, folder: str, split: str, words: tuple[str, ...]) -> list[Record]:
     """One split's (tweet, label word) records, empty tweets dropped as CrossFit does."""
-    texts = read_lines(root / DATA / folder / f"{split}_text.txt")
-    labels = read_lines(root / DATA / folder / f"{split}_labels.txt")
+    texts_path, labels_path = (root / DATA / folder / f"{split}_{kind}.txt" for kind in ("text", "labels"))
+    texts = list(Source(texts_path).lines())
+    with Source(labels_path) as src:
+        labels = [label(words, int(line)) for line in src.lines()]
     if len(texts) != len(labels):
-        raise ValueError(f"{folder}/{split}: {len(texts)} tweets but {len(labels)} labels")
-    cleaned = ((clean(text), label) for text, label in zip(texts, labels))
-    return [Record(text, (words[int(label)],)) for text, label in cleaned if text]
+        raise DataError(f"{texts_path}: {len(texts)} tweets but {len(labels)} labels in {labels_path.name}")
+    cleaned = ((clean(text), word) for text, word in zip(texts, labels))
+    return [Record(text, (word,)) for text, word in cleaned if text]
 
 
 def _convert(root: Path, folder: str, words: tuple[str, ...], train_split: str) -> Pools:
