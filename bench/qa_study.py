@@ -62,12 +62,20 @@ def run_variant(study: Path, variant: str, out: Path, seed: int, multi: bool, se
 
 def patch_size(run: Path) -> float:
     """The mean |V_D| (up-projection weight) over the silos' kept patches after the last round: how far
-    the zero-initialised patches moved."""
+    the zero-initialised patches moved. Kept in RUN/patch_size.json, which git keeps (bench/results):
+    the client stores it is read from are not."""
+    kept = run / "patch_size.json"
+    if kept.is_file():
+        return json.loads(kept.read_text())["mean_abs_up"]
     from safetensors.torch import load_file
     latest = [max(silo.glob("round-*.safetensors")) for silo in sorted((run / "clients").glob("*"))]
+    if not latest:
+        sys.exit(f"{run}: no client store to read the patches from (and no patch_size.json); rerun this variant")
     values = [t.abs().mean().item() for f in latest for k, t in load_file(f).items()
               if k.endswith("patch.up.weight")]
-    return sum(values) / max(1, len(values))
+    size = sum(values) / max(1, len(values))
+    kept.write_text(json.dumps({"mean_abs_up": size}))
+    return size
 
 
 def overall(study: dict, method: str, metric: str = "map") -> dict[str, float]:

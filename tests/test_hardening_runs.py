@@ -210,6 +210,22 @@ def test_a_deleted_run_id_is_recovered_from_the_checkpoint(two_round_run, tmp_pa
     assert [r["round"] for r in rounds_of(run)] == [1, 2, 3]
 
 
+def test_a_finished_run_kept_without_its_checkpoint_reports_its_results(two_round_run, tmp_path, capsys):
+    """bench/results keeps only results.json, rounds.jsonl and config.toml in git: a re-run of the study
+    on another machine reads them back; before, the resume trained from scratch over the kept rounds."""
+    config, done = two_round_run
+    run = copy_of(done, tmp_path)
+    for name in set(p.name for p in run.iterdir()) - {"results.json", "rounds.jsonl", "config.toml"}:
+        shutil.rmtree(run / name) if (run / name).is_dir() else (run / name).unlink()
+    kept = snapshot(run)
+    err = ok(capsys, "run", str(config), "--out", str(run), "--resume", "--no-progress")
+    assert "no checkpoint): results as recorded" in err
+    assert {k: v for k, v in snapshot(run).items() if k in kept} == kept  # the records as they were
+    line = fails(capsys, "run", str(config), "--out", str(run), "--resume", "--no-progress",
+                 "--set", "federation.rounds=3", culprit="no checkpoint.pt to continue to 3 from")
+    assert str(run) in line and [r["round"] for r in rounds_of(run)] == [1, 2]
+
+
 # --- 9. upload option errors name the full path ---
 
 @pytest.mark.parametrize("options, where", [({"share": 1.5}, "exchange.upload_options.share: "),

@@ -127,6 +127,12 @@ def _federate(cfg: RunConfig, run: RunDir, engine, server: Server, spec: MetricS
         except RunDirError as err:
             raise RunDirError(f"{run.path} cannot be resumed here: {err}") from None
         start, best = state["round"] + 1, state["best"]
+    elif (recorded := run.read_results()) is not None:  # finished, its checkpoint gone (e.g. bench/results)
+        if recorded.get("rounds") == rounds:  # prepare() checked the config: the same run, as recorded
+            progress.log(f"{run.path} is finished ({rounds} rounds, no checkpoint): results as recorded")
+            return recorded
+        raise RunDirError(f"{run.path} finished {recorded.get('rounds')} rounds but has no checkpoint.pt to "
+                          f"continue to {rounds} from; start a new run with another --out")
     run.write_config(cfg)  # only now: a refused resume leaves the run directory as it was
     if state is not None:
         done = run.read_results()
