@@ -16,8 +16,8 @@ from datetime import date
 from pathlib import Path
 
 from fedsilo.config import load_config
-from fedsilo.runs.report import markdown_table
 from fedsilo.runs.runner import run_experiment
+from fedsilo.runs.tables import markdown_table
 
 MODELS = ["tiny-t5", "minilm2bert"]
 SCALE = ["task.silos=['geography', 'restaurants', 'scholar', 'yelp']", "task.train_fraction=1.0",

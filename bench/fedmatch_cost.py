@@ -20,8 +20,9 @@ from datetime import date
 from pathlib import Path
 
 from fedsilo.config import SurgeryConfig, to_toml
-from fedsilo.runs.report import markdown_table, read_rounds
+from fedsilo.runs.records import read_rounds
 from fedsilo.runs.study import load_study
+from fedsilo.runs.tables import markdown_table
 
 SMALL = Path(__file__).resolve().parents[1] / "experiments" / "qa" / "small.toml"
 PAL_INNER = {"kind": "pal", "insertion": "inner", "size": 64}

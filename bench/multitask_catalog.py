@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from fedsilo.runs.report import markdown_table
+from fedsilo.runs.tables import markdown_table
 from fedsilo.tasks.multitask.catalog import CATALOG
 from fedsilo.tasks.multitask.fewshot import K_PER_CLASS, K_TOTAL, sample_seeds
 from fedsilo.tasks.multitask.pin import needed_files  # noqa: F401  (loads the converters)

@@ -36,8 +36,9 @@ from datetime import date
 from pathlib import Path
 
 from fedsilo.runs.compare import compare, read_results
-from fedsilo.runs.report import markdown_table, read_rounds
+from fedsilo.runs.records import read_rounds
 from fedsilo.runs.study import RULE, SPREAD, claim, mean_sd, parse_seeds, run_dir, spread_cell
+from fedsilo.runs.tables import markdown_table
 from fedsilo.tasks.multitask.catalog import CATALOG
 from fedsilo.tasks.multitask.converters import load_all
 

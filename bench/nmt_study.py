@@ -34,8 +34,9 @@ from datetime import date
 from pathlib import Path
 
 from fedsilo.config import RunConfig, load_config
-from fedsilo.runs.report import markdown_table, read_rounds
+from fedsilo.runs.records import read_rounds
 from fedsilo.runs.study import RULE, SPREAD, claim, mean_sd, parse_seeds, run_dir, seeded, spread_cell
+from fedsilo.runs.tables import markdown_table
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments" / "nmt"
 DOMAINS = ["news", "ted", "tatoeba", "docs", "ui"]

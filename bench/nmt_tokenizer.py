@@ -14,7 +14,7 @@ import time
 from datetime import date
 
 from fedsilo.datafetch import default_data_root
-from fedsilo.runs.report import markdown_table
+from fedsilo.runs.tables import markdown_table
 from fedsilo.tasks import TASKS
 from fedsilo.tasks.translation.data import DISPLAY, DOMAINS, load_domain
 from fedsilo.tasks.translation.plugin import TranslationSettings

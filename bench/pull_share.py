@@ -18,8 +18,8 @@ from datetime import date
 from pathlib import Path
 
 from fedsilo.config import apply_overrides, validate
-from fedsilo.runs.report import markdown_table
 from fedsilo.runs.runner import run_experiment
+from fedsilo.runs.tables import markdown_table
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments" / "nmt"
 METHODS = ["fedavg", "dp_l", "dp_g", "random", "dp_l-count", "dp_l-33", "dp_g-33", "controllers", "controllers-8e8d"]

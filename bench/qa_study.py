@@ -21,8 +21,8 @@ import sys
 from datetime import date
 from pathlib import Path
 
-from fedsilo.runs.report import markdown_table
 from fedsilo.runs.study import RULE, SPREAD, claim, load_study, mean_sd, parse_seeds, run_dir, run_study, spread_cell
+from fedsilo.runs.tables import markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE3, TABLE2 = ROOT / "experiments" / "qa" / "table3.toml", ROOT / "experiments" / "qa" / "table2.toml"

@@ -20,9 +20,9 @@ from datetime import date
 from pathlib import Path
 
 from fedsilo.config import load_config
-from fedsilo.runs.report import markdown_table
 from fedsilo.runs.runner import run_experiment
 from fedsilo.runs.study import RULE, SPREAD, claim, comparison_table, parse_seeds, run_dir, seeded, spread_cell
+from fedsilo.runs.tables import markdown_table
 
 FEDOPT = ["server.optimizer=sgdm", "server.lr=1.0", "server.momentum=0.9"]
 FEDPROX = ["server.optimizer=fedavg", "client.regularizers={prox=1e-4}"]

@@ -23,7 +23,9 @@ class UserError(Exception):
 
 def _report(out: Path, show: bool = True) -> Path:
     """Print the results table (if any) and (re)write report.md; a malformed run file is a user error."""
-    from fedsilo.runs.report import print_results, read_results, write_report
+    from fedsilo.runs.records import read_results
+    from fedsilo.runs.report import write_report
+    from fedsilo.runs.tables import print_results
 
     try:
         results = read_results(out)
@@ -41,8 +43,8 @@ def _display(args: argparse.Namespace):
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from fedsilo.config import load_config
-    from fedsilo.runs.report import print_results
     from fedsilo.runs.runner import run_experiment
+    from fedsilo.runs.tables import print_results
 
     cfg = load_config(args.config, args.set or [])
     out = Path(args.out) if args.out else Path(cfg.out_dir) / cfg.name
@@ -104,7 +106,8 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
     from fedsilo.config import load_config, to_toml
     from fedsilo.engines.flower.deploy import DeploymentError, LocalDeployment, split_silo_data
     from fedsilo.runs.lock import RunLock
-    from fedsilo.runs.report import print_results, read_results
+    from fedsilo.runs.records import read_results
+    from fedsilo.runs.tables import print_results
     from fedsilo.tasks import TASKS
 
     cfg = absolute_config(load_config(args.config, args.set or []))

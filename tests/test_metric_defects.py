@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from fedsilo.runs import report
+from fedsilo.runs import records, report
 from fedsilo.tasks.base import Column, MetricSpec, pool, select_best
 from fedsilo.tasks.matching.metrics import SPEC, question_stats
 
@@ -37,7 +37,7 @@ def test_a_round_with_nan_scores_is_never_best_even_after_worse_rounds():
     assert _runner_best([nan, worse, nan])["round"] == 2
     assert _runner_best([nan]) is None                       # the runner then fails with a clear error
     rounds = [{"round": i, "dev": d} for i, d in enumerate([worse, nan], start=1)]
-    assert report.best_round(json.loads(json.dumps(rounds))) == (1, pytest.approx(5 / 12))
+    assert records.best_round(json.loads(json.dumps(rounds))) == (1, pytest.approx(5 / 12))
 
 
 def test_a_nan_primary_metric_is_never_best_but_a_missing_one_still_ranks_last():

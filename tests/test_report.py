@@ -13,7 +13,7 @@ import matplotlib.image as mpimg
 import pytest
 from rich.console import Console
 
-from fedsilo.runs import report
+from fedsilo.runs import plots, records, report, tables
 from fedsilo.tasks.base import Column, MetricSpec, select_best
 
 CLIENTS = ["advising", "geography", "yelp"]
@@ -117,7 +117,7 @@ def _visible_ticks(ax):
 
 def test_read_rounds_roundtrip_and_skips_blank_lines(tmp_path):
     run = _write_run(tmp_path / "run", tail="\n")
-    assert [r["round"] for r in report.read_rounds(run)] == [1, 2, 3]
+    assert [r["round"] for r in records.read_rounds(run)] == [1, 2, 3]
 
 
 def test_malformed_middle_line_names_file_and_line(tmp_path):
@@ -126,7 +126,7 @@ def test_malformed_middle_line_names_file_and_line(tmp_path):
     lines[1] = lines[1][:40]
     (run / "rounds.jsonl").write_text("\n".join(lines) + "\n")
     with pytest.raises(ValueError, match=r"rounds\.jsonl:2\b"):
-        report.read_rounds(run)
+        records.read_rounds(run)
     with pytest.raises(ValueError, match=r"rounds\.jsonl:2\b"):
         report.write_report(run)
 
@@ -135,23 +135,23 @@ def test_complete_bad_last_line_is_corruption_not_a_crash_remnant(tmp_path):
     # A newline after it: the writer finished the line, so it is not what a crash leaves.
     run = _write_run(tmp_path / "run", tail='{"round": 4, "cli\n')
     with pytest.raises(ValueError, match=r"rounds\.jsonl:4\b"):
-        report.read_rounds(run)
+        records.read_rounds(run)
 
 
 def test_non_object_or_roundless_line_is_rejected(tmp_path):
     run = _write_run(tmp_path / "run", tail="[1, 2]\n")
     with pytest.raises(ValueError, match=r"rounds\.jsonl:4\b.*object"):
-        report.read_rounds(run)
+        records.read_rounds(run)
     run = _write_run(tmp_path / "run2", tail='{"seconds": 1.0}\n')
     with pytest.raises(ValueError, match=r"rounds\.jsonl:4\b.*round"):
-        report.read_rounds(run)
+        records.read_rounds(run)
 
 
 def test_partial_last_line_is_skipped_with_a_note(tmp_path):
     partial = json.dumps(_round(4))[:120]  # the crash cut the write short: no newline after it
     run = _write_run(tmp_path / "run", tail=partial)
     notes = []
-    assert [r["round"] for r in report.read_rounds(run, notes)] == [1, 2, 3]
+    assert [r["round"] for r in records.read_rounds(run, notes)] == [1, 2, 3]
     assert len(notes) == 1 and "rounds.jsonl:4" in notes[0] and "partly written" in notes[0]
     md = report.write_report(run).read_text()
     assert "- Note: rounds.jsonl:4: partly written last line" in md
@@ -163,14 +163,14 @@ def test_malformed_results_names_file_and_line(tmp_path):
     run = _write_run(tmp_path / "run")
     (run / "results.json").write_text('{"name": "x",\n "test": oops}')
     with pytest.raises(ValueError, match=r"results\.json:2\b"):
-        report.read_results(run)
+        records.read_results(run)
     with pytest.raises(ValueError, match=r"results\.json:2\b"):
         report.write_report(run)
 
 
 def test_missing_run_dir_or_rounds_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope"):
-        report.read_rounds(tmp_path / "nope")
+        records.read_rounds(tmp_path / "nope")
     with pytest.raises(FileNotFoundError, match="nope"):
         report.write_report(tmp_path / "nope")
     (tmp_path / "empty").mkdir()
@@ -182,7 +182,7 @@ def test_missing_run_dir_or_rounds_file(tmp_path):
 
 
 def test_results_table_cells_are_the_summary_values_in_column_formats():
-    header, em, exec_, loss, fit = report.results_table(RESULTS)
+    header, em, exec_, loss, fit = tables.results_table(RESULTS)
     assert header == ["", "Advising", "GeoQuery", "Yelp", "Macro", "Pooled"]
     # By hand: EM 5/50, 2/10, 1/3; macro the mean of the three; pooled 8/63.
     assert em == ["EM %", "10.00", "20.00", "33.33", "21.11", "12.70"]
@@ -199,7 +199,7 @@ def test_results_table_cells_are_the_summary_values_in_column_formats():
 
 
 def test_caption_says_what_rows_and_columns_are():
-    caption = report.table_caption(RESULTS)
+    caption = tables.table_caption(RESULTS)
     assert caption.startswith(DESCRIPTION)
     assert "Macro = mean over rows; Pooled = computed from all rows' statistics together" in caption
     assert "No macro average for Exec %" in caption
@@ -209,7 +209,7 @@ def test_results_table_display_override_and_unknown_client():
     rows = [{"client": "advising", "task": "text2sql", "stats": {"n": 1, "correct": 1}},
             {"client": "newsilo", "task": "text2sql", "stats": {"n": 3, "correct": 1}}]
     results = {"task": "text2sql", "metric_spec": SPEC_DESC, "test": json.loads(json.dumps(SPEC.summarize(rows)))}
-    header, em, *_ = report.results_table(results, display={"advising": "ADV"})
+    header, em, *_ = tables.results_table(results, display={"advising": "ADV"})
     assert header == ["", "ADV", "newsilo", "Macro", "Pooled"]
     assert em == ["EM %", "100.00", "33.33", "66.67", "50.00"]
 
@@ -229,19 +229,19 @@ def _multitask():
 
 def test_multitask_rows_are_labelled_client_slash_task():
     results = _multitask()
-    header, bleu, map_ = report.results_table(results)
+    header, bleu, map_ = tables.results_table(results)
     assert header == ["", "alice / translation", "alice / qa", "bob / qa", "Macro", "Pooled"]
     assert bleu == ["BLEU", "15.0", "-", "-", "15.0", "15.0"]
     assert map_ == ["MAP %", "-", "75.00", "25.00", "50.00", "50.00"]
     console = Console(record=True, width=200)
-    report.print_results(results, console=console)
+    tables.print_results(results, console=console)
     assert "alice / translation" in console.export_text()
     # A single-task run's rows are labelled by client alone.
-    assert report.row_labels(RESULTS) == ["Advising", "GeoQuery", "Yelp"]
+    assert tables.row_labels(RESULTS) == ["Advising", "GeoQuery", "Yelp"]
 
 
 def test_markdown_table_shape_and_alignment():
-    md = report.markdown_table(report.results_table(RESULTS))
+    md = tables.markdown_table(tables.results_table(RESULTS))
     lines = md.splitlines()
     assert len(lines) == 2 + 4  # header, rule, one line per metric column
     for line in lines:
@@ -253,18 +253,18 @@ def test_combine_tables_compares_runs_on_the_primary_metric():
     other = json.loads(json.dumps({
         "task": "text2sql", "metric_spec": SPEC.describe(),
         "test": SPEC.summarize([{"client": "atis", "task": "text2sql", "stats": {"n": 10, "correct": 5}}])}))
-    rows = report.combine_tables({"lorar": RESULTS, "fedavg": other})
+    rows = tables.combine_tables({"lorar": RESULTS, "fedavg": other})
     assert rows[0] == ["EM %", "Advising", "GeoQuery", "Yelp", "ATIS", "Macro", "Pooled"]
     assert rows[1] == ["lorar", "10.00", "20.00", "33.33", "-", "21.11", "12.70"]
     assert rows[2] == ["fedavg", "-", "-", "-", "50.00", "50.00", "50.00"]
-    mixed = report.combine_tables({"lorar": RESULTS, "mt": _multitask()})
+    mixed = tables.combine_tables({"lorar": RESULTS, "mt": _multitask()})
     assert mixed[0][0] == "" and mixed[1][0] == "lorar (EM %)" and mixed[2][0] == "mt (MAP %)"
     assert "alice / qa" in mixed[0] and mixed[2][-2:] == ["50.00", "50.00"]
 
 
 def test_print_results_renders_caption_and_table_with_rich():
     console = Console(record=True, width=160)
-    report.print_results(RESULTS, console=console)
+    tables.print_results(RESULTS, console=console)
     text = console.export_text()
     assert text.index("Macro = mean over rows") < text.index("GeoQuery")  # said above the table
     assert "EM %" in text and "21.11" in text and "1.630" in text and "Exec %" in text
@@ -272,7 +272,7 @@ def test_print_results_renders_caption_and_table_with_rich():
 
 def test_legacy_results_are_a_clear_error():
     with pytest.raises(ValueError, match="no evaluation rows"):
-        report.results_table({"test": {"per_silo": {"atis": {"em": 1.0}}}})
+        tables.results_table({"test": {"per_silo": {"atis": {"em": 1.0}}}})
 
 
 # ----------------------------------------------------------------- best round
@@ -288,13 +288,13 @@ def test_best_round_agrees_with_select_best_on_a_score_tie(tmp_path):
     rounds = _tie_rounds()
     assert rounds[1]["dev"]["key"] == [10.0, -2.0] and rounds[2]["dev"]["key"] == [10.0, -1.5]
     assert rounds[1]["dev"]["score"] == rounds[2]["dev"]["score"] == 10.0
-    picked = select_best(report.dev_candidates(rounds))["round"]
+    picked = select_best(records.dev_candidates(rounds))["round"]
     assert picked == 3
-    assert report.best_round(rounds) == (3, 10.0)
+    assert records.best_round(rounds) == (3, 10.0)
     run = _write_run(tmp_path / "run", rounds=rounds)
     md = report.write_report(run).read_text()
     assert "- Best round: 3 (dev score 10.00) so far; the run is unfinished" in md
-    fig = report.plot_dev(rounds, tmp_path / "dev.png", SPEC_DESC)
+    fig = plots.plot_dev(rounds, tmp_path / "dev.png", SPEC_DESC)
     star = [l for l in fig.axes[0].lines if l.get_label().startswith("best")]
     assert len(star) == 1 and list(star[0].get_xdata()) == [3] and star[0].get_label() == "best (round 3)"
 
@@ -312,7 +312,7 @@ def test_finished_run_best_round_comes_from_results(tmp_path):
 def test_dev_plot_floor_at_zero_and_integer_round_ticks(tmp_path, n_rounds):
     # EM flat at 0 (early training): autoscaling alone would show negative percentages.
     rounds = [{**_round(r), "dev": _dev((0, 0, 0), 3.0 - 0.1 * r)} for r in range(1, n_rounds + 1)]
-    fig = report.plot_dev(rounds, tmp_path / "dev.png", SPEC_DESC)
+    fig = plots.plot_dev(rounds, tmp_path / "dev.png", SPEC_DESC)
     metric_ax, loss_ax = fig.axes
     assert metric_ax.get_ylim()[0] == 0 and metric_ax.get_ylim()[1] > 0
     assert loss_ax.get_ylim()[0] >= 0 and "dev loss" in loss_ax.get_ylabel()
@@ -325,7 +325,7 @@ def test_dev_plot_floor_at_zero_and_integer_round_ticks(tmp_path, n_rounds):
 
 
 def test_dev_plot_lines_are_distinguishable(tmp_path):
-    fig = report.plot_dev(_rounds(), tmp_path / "dev.png", SPEC_DESC)
+    fig = plots.plot_dev(_rounds(), tmp_path / "dev.png", SPEC_DESC)
     lines = {l.get_label(): l for l in fig.axes[0].lines}
     macro, pooled = lines["macro EM %"], lines["pooled EM %"]
     score = lines["selection score (pooled EM %)"]
@@ -338,12 +338,12 @@ def test_dev_plot_lines_are_distinguishable(tmp_path):
 
 
 def test_plot_dev_without_evaluations(tmp_path):
-    report.plot_dev([_round(1, dev=False)], tmp_path / "d.png")
+    plots.plot_dev([_round(1, dev=False)], tmp_path / "d.png")
     _assert_png(tmp_path / "d.png")
 
 
 def test_plot_losses_one_axes_per_client(tmp_path):
-    fig = report.plot_losses([_round(r) for r in (1, 2, 3)], tmp_path / "losses.png")
+    fig = plots.plot_losses([_round(r) for r in (1, 2, 3)], tmp_path / "losses.png")
     assert [ax.get_title() for ax in fig.axes] == ["Advising", "GeoQuery", "Yelp"]
     xs = fig.axes[2].lines[0].get_xdata()
     assert len(xs) == 9 and max(xs) == 3 * STEPS["yelp"]
@@ -351,7 +351,7 @@ def test_plot_losses_one_axes_per_client(tmp_path):
 
 
 def test_plot_weights_gap_and_integer_ticks(tmp_path):
-    fig = report.plot_weights(_rounds(), tmp_path / "w.png")
+    fig = plots.plot_weights(_rounds(), tmp_path / "w.png")
     ax = fig.axes[0]
     assert len(ax.lines) == len(CLIENTS)
     advising = list(ax.lines[0].get_ydata())
@@ -361,10 +361,10 @@ def test_plot_weights_gap_and_integer_ticks(tmp_path):
 
 
 def test_plot_bytes_adds_a_per_client_row_only_when_clients_differ(tmp_path):
-    same = report.plot_bytes(_rounds(), tmp_path / "same.png")
+    same = plots.plot_bytes(_rounds(), tmp_path / "same.png")
     assert len(same.axes) == 1
     rounds = [_round(r, differ=True) for r in (1, 2)]
-    fig = report.plot_bytes(rounds, tmp_path / "differ.png")
+    fig = plots.plot_bytes(rounds, tmp_path / "differ.png")
     total, up, down = fig.axes
     assert [p.get_height() for p in total.patches[:2]] == [3.0, 3.0]  # MB up per round
     assert [l.get_label() for l in up.lines] == ["Advising", "GeoQuery", "Yelp"]
@@ -379,7 +379,7 @@ def test_plot_bytes_adds_a_per_client_row_only_when_clients_differ(tmp_path):
 def test_rounds_table_columns_and_values():
     rounds = [_round(1, dev=False), _round(2, fallback=True, eval_seconds=4.25, rejected=["yelp"],
                                            missing=["geography"])]
-    header, one, two = report.rounds_table(rounds, SPEC_DESC)
+    header, one, two = tables.rounds_table(rounds, SPEC_DESC)
     assert header == ["Round", "Train s", "Eval s", "Weighting", "Fallback", "Rejected", "Missing",
                       "Dev EM % (pooled)", "Dev loss", "MB up", "MB down"]
     assert one == ["1", "10.0", "-", "lorar", "no", "-", "-", "-", "-", "3.00", "6.00"]
@@ -388,8 +388,8 @@ def test_rounds_table_columns_and_values():
 
 def test_wall_time_includes_evaluation(tmp_path):
     rounds = _rounds()  # training 10 + 20 + 30 s, dev evaluation 5 + 5 s
-    assert report.wall_seconds(rounds) == 70.0
-    assert report.wall_seconds(rounds, RESULTS) == 125.0  # the runner's whole-run clock wins
+    assert records.wall_seconds(rounds) == 70.0
+    assert records.wall_seconds(rounds, RESULTS) == 125.0  # the runner's whole-run clock wins
     unfinished = _write_run(tmp_path / "u")
     assert "- Wall time: 1m 10s (training and dev evaluation so far)" in report.write_report(unfinished).read_text()
     finished = _write_run(tmp_path / "f", results=RESULTS)
@@ -425,8 +425,8 @@ def test_write_report_finished_run(tmp_path):
     run = _write_run(tmp_path / "run", results=RESULTS)
     md = report.write_report(run).read_text()
     assert "# Run report: fedopt-lorar" in md and "- Paradigm: federated" in md and "- Task: text2sql" in md
-    table = report.markdown_table(report.results_table(RESULTS))
-    caption = report.table_caption(RESULTS)
+    table = tables.markdown_table(tables.results_table(RESULTS))
+    caption = tables.table_caption(RESULTS)
     assert table in md and caption in md and md.index(caption) < md.index(table)
     round_rows = [l for l in md.splitlines() if re.match(r"\| [123] \|", l)]
     assert len(round_rows) == 3
@@ -455,7 +455,7 @@ def test_write_report_finetune_subruns(tmp_path):
     assert "Paradigm: finetune" in md and "### GeoQuery" in md and "- Best round: per silo, see below" in md
     assert "- Wall time: 2m 30s" in md
     assert md.count("best round 2 (dev EM % 20.00)") == 3
-    assert report.markdown_table(report.results_table(RESULTS)) in md
+    assert tables.markdown_table(tables.results_table(RESULTS)) in md
     images = _linked_images(md)
     assert "plots/silos/yelp/losses.png" in images and "plots/silos/geography/dev.png" in images
     for image in images:
@@ -483,7 +483,7 @@ def test_a_table_wider_than_the_console_prints_whole(tmp_path):
             ["fedmatch", *([cell] * 6)]]
     with open(tmp_path / "out.txt", "w") as out:
         console = Console(width=80, file=out)
-        report._print_grid(console, "study", rows)
+        tables.print_grid(console, "study", rows)
         assert console.width == 80
     text = (tmp_path / "out.txt").read_text()
     line = next(x for x in text.splitlines() if "fedmatch" in x)

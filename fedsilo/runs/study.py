@@ -48,7 +48,9 @@ from fedsilo.errors import FedsiloError
 from fedsilo.fileio import atomic_write_bytes
 from fedsilo.progress import Display
 
-from .report import _column, _fmt, _print_grid, display_name, exchange_totals, markdown_table, read_rounds, write_report
+from .records import column, display_name, exchange_totals, read_rounds
+from .report import write_report
+from .tables import format_value, markdown_table, print_grid
 
 __all__ = ["StudySettings", "load_study", "run_study", "comparison_table", "parse_seeds", "check_seeds",
            "mean_sd", "beyond_spread", "claim", "spread_cell", "seeded", "SPREAD", "RULE"]
@@ -211,7 +213,7 @@ def spread_cell(values: Sequence[float | None], fmt: str = ".2f") -> str:
     mean, sd = mean_sd(values)
     if mean is None:
         return "-"
-    return _fmt(mean, fmt) if sd is None else f"{_fmt(mean, fmt)} ± {_fmt(sd, fmt)}"
+    return format_value(mean, fmt) if sd is None else f"{format_value(mean, fmt)} ± {format_value(sd, fmt)}"
 
 
 def comparison_table(named_results: Mapping[str, Mapping[str, Any] | Sequence[Mapping[str, Any]]],
@@ -223,8 +225,8 @@ def comparison_table(named_results: Mapping[str, Mapping[str, Any] | Sequence[Ma
     runs = {name: [res] if isinstance(res, Mapping) else list(res) for name, res in named_results.items()}
     clients = list(dict.fromkeys(r["client"] for rs in runs.values() for res in rs for r in res["test"]["rows"]))
     spec = next(iter(runs.values()))[0].get("metric_spec")
-    label = " / ".join((_column(spec, m) or {}).get("label", m) for m in metrics)
-    fmt = {m: (_column(spec, m) or {}).get("fmt", ".4f") for m in metrics}
+    label = " / ".join((column(spec, m) or {}).get("label", m) for m in metrics)
+    fmt = {m: (column(spec, m) or {}).get("fmt", ".4f") for m in metrics}
     n = max(len(rs) for rs in runs.values())
 
     def cell(per_seed: Sequence[Mapping[str, Any]]) -> str:
@@ -337,9 +339,9 @@ def run_study(path: str | Path, out: str | Path, assignments: Sequence[str] = ()
                        for (seed, res), cost in zip(by_seed.items(), costs[name])}
                 for name, by_seed in results.items()}
     baseline = settings.baseline or names[0]
-    column = _column(spec, metrics[0]) or {}
-    checks = claim_lines(per_seed, baseline, metrics[0], column.get("label", metrics[0]),
-                         column.get("fmt", ".4f")) if multi and baseline in results else []
+    col = column(spec, metrics[0]) or {}
+    checks = claim_lines(per_seed, baseline, metrics[0], col.get("label", metrics[0]),
+                         col.get("fmt", ".4f")) if multi and baseline in results else []
     used = seeds or sorted({s for by_seed in results.values() for s in by_seed})
     study = {"name": settings.name, "title": settings.title, "metrics": metrics, "seeds": used,
              "table": table, "costs": {name: _mean_cost(c) for name, c in costs.items()},
@@ -373,12 +375,12 @@ def _finished_line(study: str, name: str, results: Mapping[str, Any], seed: int 
     """`study: variant [seed S] done: Overall MAP 0.6130 (2.1 min)`: one line per run, also without progress bars."""
     spec = results.get("metric_spec") or {}
     primary = spec.get("primary", "score")
-    column = _column(spec, primary) or {}
+    col = column(spec, primary) or {}
     value = (results.get("test", {}).get("macro") or {}).get(primary)
     minutes = float(results.get("wall_seconds") or 0.0) / 60
     which = name if seed is None else f"{name} seed {seed}"
-    return (f"{study}: {which} done: Overall {column.get('label', primary)} "
-            f"{_fmt(value, column.get('fmt', '.4f'))} ({minutes:.1f} min)")
+    return (f"{study}: {which} done: Overall {col.get('label', primary)} "
+            f"{format_value(value, col.get('fmt', '.4f'))} ({minutes:.1f} min)")
 
 
 def _cost_table(costs: Mapping[str, Mapping[str, float]], n: int = 1) -> list[list[str]]:
@@ -419,9 +421,9 @@ def _write(out: Path, settings: StudySettings, study: dict) -> None:
 def _print(console, settings: StudySettings, study: dict) -> None:
     n = len(study["seeds"]) if "spread" in study else 1
     title = settings.title or settings.name
-    _print_grid(console, title if n == 1 else f"{title} — mean ± sd over {n} seeds, {SPREAD}", study["table"])
+    print_grid(console, title if n == 1 else f"{title} — mean ± sd over {n} seeds, {SPREAD}", study["table"])
     if study.get("checks"):
         console.print(f"Against {study['baseline']} ({RULE}):", highlight=False)
         for line in study["checks"]:
             console.print(f"  {line}", highlight=False)
-    _print_grid(console, "cost", _cost_table(study["costs"], n))
+    print_grid(console, "cost", _cost_table(study["costs"], n))
