@@ -17,22 +17,13 @@ from fedsilo.datafetch import DataError
 from fedsilo.errors import FedsiloError, SurgeryError
 from fedsilo.tasks.multitask.data import load_fewshot
 from tests import mtoy
+from tests.test_bad_input import fails
 
 
 @pytest.fixture(autouse=True)
 def own_data_root(tmp_path, monkeypatch):
     """Prepared splits go to this test's folder, never the user's cache."""
     monkeypatch.setenv("FEDSILO_DATA", str(tmp_path / "cache"))
-
-
-def fails(capsys, *argv: str, culprit: str) -> str:
-    """Run the CLI in-process: exit 2, exactly one `fedsilo: error:` line naming `culprit`, no traceback."""
-    code = main(list(argv))
-    err = capsys.readouterr().err
-    errors = [line for line in err.splitlines() if line.startswith("fedsilo: error:")]
-    assert code == 2 and len(errors) == 1 and "Traceback" not in err, err
-    assert culprit in errors[0], errors[0]
-    return errors[0]
 
 
 def write(root: Path, rel: str, data: str | bytes) -> Path:
