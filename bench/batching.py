@@ -33,7 +33,7 @@ import torch
 from fedsilo.client.batching import BATCH_ORDERS, default_window, padding_share
 from fedsilo.config import load_config
 from fedsilo.datafetch import DataError, default_data_root, ensure
-from fedsilo.runs.build import build_model, build_task, task_tokenizer
+from fedsilo.recipe import build_model, build_task, task_tokenizer
 from fedsilo.tasks.tokens import row_length, tokenized
 
 ORDERS = ("shuffle", "length_grouped")

@@ -19,7 +19,8 @@ import sys
 from datetime import date
 from pathlib import Path
 
-from fedsilo.config import SurgeryConfig, to_toml
+from fedsilo.config import to_toml
+from fedsilo.models.settings import SurgeryConfig
 from fedsilo.runs.records import read_rounds
 from fedsilo.runs.study import load_study
 from fedsilo.runs.tables import markdown_table

@@ -33,7 +33,7 @@ from fedsilo.client.train import train_local
 from fedsilo.config import ConfigError, validate
 from fedsilo.datafetch import default_data_root, ensure
 from fedsilo.models.precision import check_precision, grad_scaler, set_tf32
-from fedsilo.runs.build import build_model, build_task
+from fedsilo.recipe import build_model, build_task
 from fedsilo.tasks.tokens import default_cache_dir, row_length, tokenized
 
 SEED = 0

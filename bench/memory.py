@@ -101,7 +101,7 @@ def main() -> None:
         child(args.child.split(","), args.d_model, args.layers, args.weighting, args.server, args.store)
         return
     from fedsilo.config import validate
-    from fedsilo.runs.build import build_model
+    from fedsilo.recipe import build_model
     cfg = validate({"model": {"d_model": args.d_model, "d_ff": 4 * args.d_model, "num_layers": args.layers,
                               "num_decoder_layers": args.layers, "num_heads": 8}})
     n = sum(p.numel() for p in build_model(cfg)[0].parameters())

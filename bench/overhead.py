@@ -21,8 +21,9 @@ from fedsilo.client.store import MemoryStore
 from fedsilo.config import validate
 from fedsilo.core.exchange import ExchangePlan
 from fedsilo.core.server_opt import ServerOptimizer
+from fedsilo.core.weighting import WEIGHTINGS
 from fedsilo.engines.local import run_round
-from fedsilo.runs.build import build_model, build_task
+from fedsilo.recipe import build_model, build_task
 from fedsilo.server import Server
 
 
@@ -30,7 +31,7 @@ def fedsilo_engine(model, task, cfg, init, rounds):
     model.load_state_dict(init)
     params = dict(model.named_parameters())
     f = cfg.federation  # the default safeguards: size bounds, the update-norm guard, the tried server step
-    server = Server({k: v.detach() for k, v in params.items()}, ServerOptimizer("sgdm"), "lorar",
+    server = Server({k: v.detach() for k, v in params.items()}, ServerOptimizer("sgdm"), WEIGHTINGS.resolve("lorar"),
                     max_update_ratio=f.max_update_ratio, clip_norm=f.clip_norm)
     server.register({s: len(task.examples(s, "train")) for s in task.clients})
     store = MemoryStore()

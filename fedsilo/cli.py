@@ -15,10 +15,7 @@ import threading
 from pathlib import Path
 
 from fedsilo import __version__
-
-
-class UserError(Exception):
-    """A problem the user can fix; `main` prints it as `fedsilo: error: ...` (exit code 2)."""
+from fedsilo.errors import FedsiloError, UserError
 
 
 def _report(out: Path, show: bool = True) -> Path:
@@ -49,7 +46,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set or [])
     out = Path(args.out) if args.out else Path(cfg.out_dir) / cfg.name
     if args.engine == "flower-sim":
-        from fedsilo.engines.flower.simulation import run_simulation
+        from fedsilo.runs.flower import run_simulation
         cfg = absolute_config(cfg)  # Flower's workers may run in another folder
         results = run_simulation(cfg, out, resume=args.resume, show_progress=_display(args))
     else:
@@ -282,20 +279,13 @@ def main(argv: list[str] | None = None) -> int:
         return done.code if isinstance(done.code, int) else (0 if done.code is None else 2)
     from transformers.utils import logging as hf_logging
 
-    from fedsilo.config import ConfigError
-    from fedsilo.datafetch import DataError
-    from fedsilo.errors import FedsiloError
-    from fedsilo.registry import UnknownChoice
-    from fedsilo.runs.rundir import RunDirError
-    from fedsilo.runs.runner import RunFailed
-
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     restore_sigterm = _sigterm_unwinds()
     try:
         return args.func(args)
-    except (UserError, FedsiloError, ConfigError, DataError, RunDirError, UnknownChoice, FileNotFoundError,
-            NotADirectoryError, IsADirectoryError, PermissionError, FileExistsError, RunFailed) as err:
+    except (FedsiloError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError,
+            FileExistsError) as err:
         print(f"fedsilo: error: {err}", file=sys.stderr)
         return 2
     except OSError as err:

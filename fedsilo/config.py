@@ -10,193 +10,23 @@ from __future__ import annotations
 import math
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, ValidationInfo,
-                      create_model, field_validator, model_validator)
+from pydantic import SerializeAsAny, ValidationError, ValidationInfo, create_model, field_validator, model_validator
+from pydantic import Field
 
 from fedsilo.client import pseudo as _pseudo  # noqa: F401  (registers the pseudo_labels hook)
-from fedsilo.client.batching import BATCH_ORDERS
-from fedsilo.client.hooks import ROUND_HOOKS
-from fedsilo.client.objective import CLIENT_OBJECTIVES, REGULARIZERS
-from fedsilo.client.optim import CLIENT_OPTIMIZERS
-from fedsilo.client.schedule import LR_SCHEDULES, Span
+from fedsilo.client.settings import ClientConfig
 from fedsilo.core.aggregate import AGGREGATIONS, ROBUST_MIN_CLIENTS
 from fedsilo.core.exchange import DOWNLOADS, OVERWRITES, SELECTORS
+from fedsilo.core.messages import STATISTICS, is_statistic
 from fedsilo.core.server_opt import SERVER_OPTIMIZERS
+from fedsilo.core.transforms import UPLOAD_TRANSFORMS
 from fedsilo.core.weighting import WEIGHTINGS
-from fedsilo.models import MODEL_KINDS, SURGERIES
-from fedsilo.registry import Registry
+from fedsilo.errors import ConfigError
+from fedsilo.models.settings import ModelConfig
+from fedsilo.settings import FiniteFloat, Limit, SectionError, Strict, choice, where_what
 from fedsilo.tasks import TASKS, TaskSettings
-
-
-class ConfigError(ValueError):
-    """A config the user wrote cannot be run; the message names the culprit."""
-
-
-def choice(registry: Registry) -> Any:
-    """A str field whose value must name an entry of `registry` (checked at validation time)."""
-    return Annotated[str, AfterValidator(registry.check)]
-
-
-FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
-Limit = FiniteFloat | Literal["off"]  # a safeguard's limit, or "off"
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class SurgeryConfig(Strict):
-    """`[model.surgery]`: a registered model surgery and its options (validated by the surgery)."""
-    name: choice(SURGERIES)
-    options: dict[str, Any] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _options(self) -> "SurgeryConfig":
-        settings = SURGERIES.entry(self.name).settings
-        if settings is not None:
-            try:
-                settings.model_validate(self.options)
-            except ValidationError as err:  # name the option as the user wrote it
-                raise _TaskSectionError(_where_what(err, prefix="model.surgery.options")) from None
-        elif self.options:
-            raise ValueError(f"surgery {self.name!r} takes no options")
-        return self
-
-    def settings(self):
-        cls = SURGERIES.entry(self.name).settings
-        return cls.model_validate(self.options) if cls is not None else None
-
-
-class ModelConfig(Strict):
-    kind: choice(MODEL_KINDS) | None = Field(None, description="seq2seq | encoder; default: the task's")
-    name: str | None = Field(None, description="a built-in model name or a local HF checkpoint folder; "
-                                               "default: the task's")
-    # Upper bounds above any published model's (GPT-3: 12288, T5-11B d_ff 65536): beyond them a value is
-    # a typo, and torch overflows or the machine runs out of memory.
-    d_model: int = Field(128, gt=0, le=2**14)
-    d_ff: int = Field(256, gt=0, le=2**18)
-    num_layers: int = Field(2, gt=0, le=1024)
-    num_decoder_layers: int = Field(2, gt=0, le=1024)
-    num_heads: int = Field(4, gt=0, le=1024)
-    dropout: float = Field(0.1, ge=0, lt=1)
-    device: str = Field("auto", description="auto: cuda when available, else cpu; or any torch device")
-    precision: Literal["fp32", "bf16", "fp16"] = Field(
-        "fp32", description="client training and evaluation under autocast (bf16, or fp16 with a grad scaler); "
-                            "weights, server aggregation and the server optimiser stay fp32")
-    tf32: bool = Field(True, description="TF32 matmuls on CUDA (Ampere or newer): fp32 weights, faster matmuls")
-    surgery: SurgeryConfig | None = None
-    init_from: str | None = Field(None, description="start from this run directory's best.pt (the global "
-                                                    "model) or a checkpoint file, e.g. a generic engine")
-
-    @model_validator(mode="after")
-    def _surgery_fits_model(self) -> "ModelConfig":
-        # A surgery may refuse a model by kind and name before it is built (patches: no seq2seq model).
-        check = getattr(SURGERIES.entry(self.surgery.name).settings, "check_model", None) if self.surgery else None
-        if check is not None:
-            try:
-                check(self.kind, self.name)
-            except ValueError as err:
-                raise _TaskSectionError(f"model.surgery: {err}") from None
-        return self
-
-
-class PersonalConfig(Strict):
-    """Ditto (Li et al. 2021): a personal model v per client, trained after the federated update on
-    the same data with λ/2·‖v − w_global‖² added."""
-    coef: FiniteFloat = Field(0.1, ge=0, description="λ of the personal regulariser")
-    epochs: int = Field(1, gt=0, description="passes over the client's data per round")
-    lr: FiniteFloat | None = Field(None, gt=0, description="None: client.lr")
-
-
-class ClientConfig(Strict):
-    epochs: int = Field(1, gt=0)
-    steps: int | None = Field(None, gt=0, description="optimiser steps per round, passes over the data "
-                                                      "repeated as needed (the paper's 10K-step rounds); "
-                                                      "None: `epochs` full passes")
-    lr: FiniteFloat = Field(1e-3, gt=0)
-    private_lr: FiniteFloat | None = Field(
-        None, gt=0, description="learning rate of the tensors the client keeps (exchange.private: FedMatch's "
-                                "patches, FedPer's head); None: `lr`")
-    lr_schedule: choice(LR_SCHEDULES) = Field(
-        "constant", description="constant, linear (warm-up, then linear decay to 0: Hugging Face's "
-                                "get_linear_schedule_with_warmup) or cosine (warm-up, then cosine decay to 0); "
-                                "it scales each group's rate (private_lr too), per optimiser step")
-    warmup: FiniteFloat = Field(0.0, description="warm-up, a fraction of the schedule's steps in [0, 1) "
-                                                 "(the Trainer's warmup_ratio: ceil(fraction × steps))")
-    # `run` by default: a paper's "warm up, then decay over training" is over all of training, which a
-    # federation splits into rounds; restarting per round would re-warm and re-decay every round.
-    schedule_span: Span = Field(
-        "run", description="run: one schedule over the client's rounds × its steps per round, at its own "
-                           "steps done (warm-up once, decay to 0 by the last round); round: restart each round. "
-                           "A personal model (Ditto) restarts its schedule every round")
-    batch_size: int = Field(8, gt=0)
-    grad_accum: int = Field(1, gt=0, lt=2**63, description="batches per optimiser step (the Lorar authors: 16)")
-    optimizer: choice(CLIENT_OPTIMIZERS) = "adafactor"
-    weight_decay: FiniteFloat = Field(0.0, ge=0)
-    logging_steps: int = Field(4, gt=0, description="ΔL windows, in optimiser steps")
-    batching: choice(BATCH_ORDERS) = Field(
-        "length_grouped", description="batch order: length_grouped (similar lengths batched together inside "
-                                      "shuffled windows: less padding) or shuffle (a plain random permutation, "
-                                      "the Hugging Face Trainer's sampler)")
-    length_window: int | None = Field(None, gt=0, description="batches per length-sorted window; None: the "
-                                                              "Trainer's rule, n/(4·batch_size) capped at 50")
-    max_grad_norm: FiniteFloat = Field(1.0, ge=0, description="0 disables clipping")
-    regularizers: dict[str, FiniteFloat] = Field(
-        default_factory=dict, description="name → coefficient, e.g. {prox = 1e-4} (FedProx μ)")
-    tracked_terms: list[str] | None = Field(
-        None, description="objective terms summed into the logged loss (ΔL, mean loss); None: all")
-    before_training: choice(ROUND_HOOKS) | None = Field(None, description="a round hook run before local training")
-    hook_options: dict[str, Any] = Field(default_factory=dict, description="the hook's settings, e.g. "
-                                         "{weighting = \"energy\", top_k = 7} for pseudo_labels")
-    pseudo_source: Literal["global", "own"] = Field("global", description="which model a hook labels with")
-    objective: choice(CLIENT_OBJECTIVES) = Field(
-        "task", description="task: the task's loss terms; meta_weighting: pseudo examples weighted by a "
-                            "meta-gradient on the annotated batch (Ren et al. 2018)")
-    personal: PersonalConfig | None = Field(
-        None, description="Ditto: after its federated update, the client trains a personal model of its own, "
-                          "regularised toward the received global model; evaluation uses it")
-    persist_optimizer: bool | None = Field(
-        None, description="keep optimiser state across rounds; None: yes unless federated")
-
-    @field_validator("warmup")
-    @classmethod
-    def _warmup_fraction(cls, v: float) -> float:
-        if not 0 <= v < 1:
-            raise ValueError(f"must be a fraction of the schedule's steps in [0, 1), e.g. 0.1; got {v}")
-        return v
-
-    @model_validator(mode="after")
-    def _warmup_needs_schedule(self) -> "ClientConfig":
-        if self.warmup and self.lr_schedule == "constant":  # it would silently change nothing
-            raise ValueError("warmup: set, but lr_schedule = \"constant\" has no warm-up "
-                             "(choose lr_schedule = \"linear\" or \"cosine\")")
-        return self
-
-    @field_validator("regularizers")
-    @classmethod
-    def _known_regularizers(cls, v: dict[str, float]) -> dict[str, float]:
-        for name, coef in v.items():
-            REGULARIZERS.check(name)
-            if coef < 0:
-                raise ValueError(f"regularizer {name!r}: coefficient must be ≥ 0")
-        return v
-
-    @model_validator(mode="after")
-    def _hook_options(self) -> "ClientConfig":
-        settings = ROUND_HOOKS.entry(self.before_training).settings if self.before_training else None
-        if settings is not None:
-            settings.model_validate(self.hook_options)
-        elif self.hook_options:
-            raise ValueError(f"hook_options: the round hook {self.before_training!r} takes no options"
-                             if self.before_training else "hook_options: set, but there is no before_training hook")
-        return self
-
-    def hook_settings(self):
-        """The validated options of the round hook (None: it has no settings class)."""
-        settings = ROUND_HOOKS.entry(self.before_training).settings if self.before_training else None
-        return settings.model_validate(self.hook_options) if settings is not None else None
 
 
 # Every [client] key may be overridden per silo: the override model is derived, never hand-kept.
@@ -212,8 +42,8 @@ class FederationConfig(Strict):
     sample_count: int | None = Field(None, gt=0)
     weighting: choice(WEIGHTINGS) = "size"
     weighting_stat: str | None = Field(
-        None, description="the client statistic the policy reads (delta_loss, mean_loss, loss/<term>, "
-                          "metric/<name>); None: the policy's default")
+        None, description="the client statistic the policy reads (delta_loss, mean_loss, loss/<term>); "
+                          "None: the policy's default")
     eval_every: int = Field(1, gt=0)
     aggregation: choice(AGGREGATIONS) = Field(
         "mean", description="mean (weighted by the weighting policy), median or trimmed_mean (robust, "
@@ -246,14 +76,17 @@ class FederationConfig(Strict):
                              "or \"off\"")
         return v
 
+    @field_validator("weighting_stat")
+    @classmethod
+    def _statistic(cls, v: str | None) -> str | None:
+        if v is not None and not is_statistic(v):
+            raise ValueError(f"{v!r} is not a statistic clients report: {', '.join(STATISTICS)}")
+        return v
+
     @model_validator(mode="after")
     def _aggregation(self) -> "FederationConfig":
-        entry = AGGREGATIONS.entry(self.aggregation)
-        if entry.settings is not None:
-            entry.settings.model_validate(self.aggregation_options)
-        elif self.aggregation_options:
-            raise ValueError(f"aggregation {self.aggregation!r} takes no options")
-        if not entry.value.weighted and (self.weighting != "size" or self.weighting_stat or self.max_client_weight):
+        AGGREGATIONS.resolve(self.aggregation, self.aggregation_options, "federation.aggregation_options")
+        if not AGGREGATIONS.get(self.aggregation).weighted and (self.weighting != "size" or self.weighting_stat or self.max_client_weight):
             raise ValueError(f"aggregation {self.aggregation!r} counts every client once: "
                              "federation.weighting / weighting_stat / max_client_weight do not apply")
         return self
@@ -285,17 +118,19 @@ class ExchangeConfig(Strict):
     upload_options: dict[str, Any] = Field(default_factory=dict)
     download: choice(DOWNLOADS) = Field("all", description="what the server sends each client")
     overwrite: choice(OVERWRITES) = Field("received", description="which received tensors a client takes")
+    upload_transforms: list[dict[str, Any]] = Field(
+        default_factory=list, description="what a client's upload goes through before it leaves the silo, in "
+                                          "order, e.g. [{name = \"clip\", max_norm = 1.0}] (fedsilo.core.transforms)")
 
     @model_validator(mode="after")
     def _options(self) -> "ExchangeConfig":
-        settings = SELECTORS.entry(self.upload).settings
-        if settings is not None:
-            try:
-                settings.model_validate(self.upload_options)
-            except ValidationError as err:  # named in full: exchange.upload_options.<key>
-                raise _TaskSectionError(_where_what(err, prefix="exchange.upload_options")) from None
-        elif self.upload_options:
-            raise _TaskSectionError(f"exchange.upload_options: selector {self.upload!r} takes no options")
+        SELECTORS.resolve(self.upload, self.upload_options, "exchange.upload_options")
+        chain = UPLOAD_TRANSFORMS.resolve_chain(self.upload_transforms, "exchange.upload_transforms")
+        reads_delta = [p.name for p in chain if p.value.needs_reference]
+        if reads_delta and self.download != "all":
+            raise SectionError(f"exchange.upload_transforms: {reads_delta[0]!r} reads the update against what the client "
+                               f"received, but download = {self.download!r} may not send every tensor it uploads "
+                               "(use download = \"all\")")
         return self
 
 
@@ -368,7 +203,7 @@ class RunConfig(Strict):
             try:
                 ClientConfig.model_validate({**self.client.model_dump(), **override.model_dump(exclude_none=True)})
             except ValidationError as err:
-                raise _TaskSectionError(_where_what(err, prefix=f"clients.{name}")) from None
+                raise SectionError(where_what(err, prefix=f"clients.{name}")) from None
         return self
 
     @model_validator(mode="after")
@@ -408,21 +243,16 @@ class RunConfig(Strict):
         return self.client.model_copy(update=override.model_dump(exclude_none=True))
 
 
-class _TaskSectionError(ValueError):
-    """Raised inside validation; carries the inner location so the message names `task.<key>` (or
-    `clients.<silo>.<key>`)."""
-
-
 def task_settings(raw: Any) -> TaskSettings:
     if not isinstance(raw, dict):
         raise ValueError("must be a table, e.g. [task] name = \"text2sql\"")
     name = raw.get("name", "text2sql")
     if name not in TASKS:
-        raise _TaskSectionError(f"task.name: {name!r} is not a choice: {', '.join(map(repr, TASKS))}")
+        raise SectionError(f"task.name: {name!r} is not a choice: {', '.join(map(repr, TASKS))}")
     try:
         return TASKS.entry(name).settings.model_validate({**raw, "name": name})
     except ValidationError as err:
-        raise _TaskSectionError(_where_what(err, prefix="task")) from None
+        raise SectionError(where_what(err, prefix="task")) from None
 
 
 def _parse_value(text: str) -> Any:
@@ -449,25 +279,7 @@ def apply_overrides(raw: dict, assignments: list[str]) -> dict:
 
 
 def _describe(err: ValidationError, source: str) -> str:
-    return f"{source}: {_where_what(err)}"
-
-
-def _where_what(err: ValidationError, prefix: str = "") -> str:
-    first = err.errors()[0]
-    loc = [str(p) for p in first["loc"]]
-    msg = first["msg"]
-    ctx_err = (first.get("ctx") or {}).get("error")
-    if isinstance(ctx_err, _TaskSectionError):  # already names task.<key>
-        return str(ctx_err)
-    where = ".".join(([prefix] if prefix else []) + loc) or "(top level)"
-    if first["type"] == "extra_forbidden":
-        msg = "unknown key"
-    elif first["type"] == "literal_error":
-        msg = f"{first['input']!r} is not a choice: {msg[len('Input should be '):]}"
-    elif msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
-    more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
-    return f"{where}: {msg}{more}"
+    return f"{source}: {where_what(err)}"
 
 
 def import_plugins(raw: dict, source: str) -> None:
@@ -490,7 +302,7 @@ def validate(raw: dict, source: str = "config") -> RunConfig:
         return RunConfig.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(_describe(err, source)) from None
-    except _TaskSectionError as err:
+    except SectionError as err:
         raise ConfigError(f"{source}: {err}") from None
 
 

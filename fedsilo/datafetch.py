@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from fedsilo.errors import DataError
+
 __all__ = ["DataError", "DataChangedWarning", "Source", "default_data_root", "read_manifest", "find_mirror",
            "ensure", "differs_from_pins", "require_files", "warn_if_unpinned"]
 
@@ -29,10 +31,6 @@ _TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 _URL = "https://raw.githubusercontent.com/{repo}/{commit}/{path}"
 _CHUNK = 1 << 20
 _NO_REPO = "-"
-
-
-class DataError(ValueError):
-    """A user-fixable data problem (missing/corrupt file, bad record); the message names the file."""
 
 
 class DataChangedWarning(UserWarning):

@@ -6,38 +6,22 @@ client may send a tensor it did not receive this round (partial downloads).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from fedsilo.core.aggregate import AGGREGATIONS, ROBUST_MIN_CLIENTS, RoundAggregator
+from fedsilo.core.aggregate import AGGREGATIONS, ROBUST_MIN_CLIENTS, Aggregation, RoundAggregator
 from fedsilo.core.exchange import ExchangePlan
+from fedsilo.core.messages import ClientUpdate
 from fedsilo.core.server_opt import ServerOptimizer
 from fedsilo.core.tensors import Tensors, clone, is_finite, nbytes, numel
-from fedsilo.core.weighting import WEIGHTINGS
-
-
-@dataclass
-class ClientUpdate:
-    """What a client returns after local training: the uploaded tensors' values + its numbers."""
-    tensors: Tensors
-    n_examples: int
-    stats: dict[str, float] = field(default_factory=dict)  # delta_loss, mean_loss, loss/<term>, metric/<name>,
-    #                                                         personal/<term> (Ditto's personal model), seconds/<phase>
-    steps: int = 0
-    losses: list[tuple[int, float]] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def delta_loss(self) -> float:
-        return self.stats.get("delta_loss", math.nan)
-
-    @property
-    def mean_loss(self) -> float:
-        return self.stats.get("mean_loss", math.nan)
+from fedsilo.core.transforms import decode
+from fedsilo.core.weighting import WeightingPolicy
+from fedsilo.registry import Policy
 
 
 def sample_clients(clients: list[str], round_idx: int, seed: int, fraction: float = 1.0,
@@ -97,19 +81,19 @@ class Server:
     `max_weight_ratio` × the others' median; a round whose aggregate or server step would break the
     global tensors (`max_step_ratio`) is skipped, never applied."""
 
-    def __init__(self, global_tensors: Tensors, optimizer: ServerOptimizer, weighting: str,
+    def __init__(self, global_tensors: Tensors, optimizer: ServerOptimizer, weighting: Policy[WeightingPolicy],
                  plan: ExchangePlan | None = None, weighting_stat: str | None = None, *,
-                 aggregation: str = "mean", aggregation_options: dict | None = None,
+                 aggregation: Policy[Aggregation] | None = None,
                  max_client_weight: float | None = None, max_weight_ratio: float | None = None,
                  clip_norm: float | None = None, max_update_ratio: float | None = None,
                  max_step_ratio: float | None = None) -> None:
         self.params = clone(global_tensors)
         self.optimizer = optimizer
         self.weighting = weighting
-        self.stat = weighting_stat or WEIGHTINGS.get(weighting).reads
+        self.stat = weighting_stat or weighting.value.reads
         self.plan = plan or ExchangePlan()
-        self.aggregation, self.aggregation_options = aggregation, aggregation_options
-        weighted = AGGREGATIONS.get(aggregation).weighted
+        self.aggregation = aggregation or AGGREGATIONS.resolve("mean")
+        weighted = self.aggregation.value.weighted
         self.max_client_weight = max_client_weight
         self.max_weight_ratio = max_weight_ratio if weighted else None  # robust rules count each client once
         self.clip_norm, self.max_update_ratio, self.max_step_ratio = clip_norm, max_update_ratio, max_step_ratio
@@ -128,8 +112,8 @@ class Server:
 
     def begin_round(self, round_idx: int) -> None:
         self.round = round_idx
-        self._agg = RoundAggregator(self.weighting, like=self.params, rule=self.aggregation,
-                                    options=self.aggregation_options, max_weight=self.max_client_weight,
+        self._agg = RoundAggregator(self.weighting.value, like=self.params, rule=self.aggregation.value,
+                                    options=self.aggregation.options, max_weight=self.max_client_weight,
                                     max_ratio=self.max_weight_ratio)
         self._record, self._sent, self._sent_params, self._pending = {}, {}, {}, []
 
@@ -141,11 +125,12 @@ class Server:
         self._sent_params[client] = numel(tensors)
         return tensors
 
-    def reject(self, client: str, reason: str) -> str:
-        """Record a client whose reply could not even be read as an update (a malformed message)."""
+    def reject(self, client: str, reason: str, key: str = "rejected") -> str:
+        """Record a client whose reply could not even be read as an update (a malformed message), or
+        (key "refused") a silo whose own check refused the round: it sent nothing."""
         self._record[client] = {"n_examples": None, "weight": None, "bytes_down": self._sent.get(client, 0),
                                 "bytes_up": 0, "params_down": self._sent_params.get(client, 0), "params_up": 0,
-                                "rejected": reason}
+                                key: reason}
         return reason
 
     def _delta(self, client: str, update: ClientUpdate) -> tuple[Tensors | None, str | None, float | None]:
@@ -174,27 +159,30 @@ class Server:
         entry = {
             "n_examples": update.n_examples, "steps": update.steps, "losses": update.losses,
             "delta_loss": _json_number(update.delta_loss), "mean_loss": _json_number(update.mean_loss),
-            "terms": {k[5:]: _json_number(v) for k, v in update.stats.items() if k.startswith("loss/")},
+            "terms": {k: _json_number(v) for k, v in update.terms.items()},
             "bytes_up": nbytes(update.tensors), "bytes_down": self._sent.get(client, 0),
             "params_up": numel(update.tensors), "params_down": self._sent_params.get(client, 0),
             "seconds": update.seconds, "weight": None,
         }
-        personal = {k[9:]: _json_number(v) for k, v in update.stats.items() if k.startswith("personal/")}
-        if personal:  # Ditto: the personal model's own training, beside the federated update
-            entry["personal_terms"] = personal
-        phases = {k[8:]: _json_number(v) for k, v in update.stats.items() if k.startswith("seconds/")}
-        if phases:  # where the client's seconds went: before_training (e.g. pseudo labels), training, personal
-            entry["phase_seconds"] = phases
-        if "lr/last" in update.stats:  # a client lr schedule: the rate of its last optimiser step
-            entry["lr_last"] = _json_number(update.stats["lr/last"])
+        if update.personal_terms:  # Ditto: the personal model's own training, beside the federated update
+            entry["personal_terms"] = {k: _json_number(v) for k, v in update.personal_terms.items()}
+        if update.phase_seconds:  # where the client's seconds went: before_training (pseudo labels), training, personal
+            entry["phase_seconds"] = {k: _json_number(v) for k, v in update.phase_seconds.items()}
+        if update.lr_last is not None:  # a client lr schedule: the rate of its last optimiser step
+            entry["lr_last"] = _json_number(update.lr_last)
+        if update.transforms:  # what the silo's upload went through before it left
+            entry["transforms"] = [{k: _json_number(v) if isinstance(v, float) else v for k, v in t.items()}
+                                   for t in update.transforms]
         self._record[client] = entry
+        if self.plan.upload_transforms:
+            update = dataclasses.replace(update, tensors=decode(self.plan.upload_transforms, update.tensors))
         delta, reason, norm = self._delta(client, update)
         if reason:
             entry["rejected"] = reason
             if not isinstance(update.n_examples, int):
                 entry["n_examples"] = None  # keep rounds.jsonl valid JSON
             return reason
-        value = update.stats.get(self.stat, math.nan) if self.stat else math.nan
+        value = update.statistic(self.stat) if self.stat else math.nan
         pending = _Pending(client, delta, update.n_examples, value, norm / math.sqrt(max(numel(delta), 1)))
         if self.max_update_ratio is None:
             self._fold(pending, norm)
@@ -243,7 +231,7 @@ class Server:
         delta, weights = self._agg.finish()
         for i, client in enumerate(self._agg.clients):
             entry = self._record[client]
-            entry["weight"] = weights.values[i] if AGGREGATIONS.get(self.aggregation).weighted else None
+            entry["weight"] = weights.values[i] if self.aggregation.value.weighted else None
             if weights.fallback[i]:
                 entry["fallback"] = True
             if weights.capped[i]:
@@ -258,7 +246,7 @@ class Server:
         if skipped is None:
             with torch.no_grad():
                 self.optimizer.step(self.params, delta)
-        record = {"weighting": self.weighting, "aggregation": self.aggregation,
+        record = {"weighting": self.weighting.name, "aggregation": self.aggregation.name,
                   "fallback": weights.any_fallback,
                   "applied": skipped is None, "clients": self._record,
                   "bytes_up": sum(c["bytes_up"] for c in self._record.values()),
@@ -270,9 +258,9 @@ class Server:
             record["skipped"] = skipped
         if late:  # rejected against the round's other updates: the engines warn from the record
             record["rejected_at_end"] = late
-        robust = AGGREGATIONS.get(self.aggregation).weighted is False
+        robust = self.aggregation.value.weighted is False
         if robust and 0 < len(self._agg.clients) < ROBUST_MIN_CLIENTS:
-            record["not_robust"] = (f"{self.aggregation} of {len(self._agg.clients)} update(s) is their mean: "
+            record["not_robust"] = (f"{self.aggregation.name} of {len(self._agg.clients)} update(s) is their mean: "
                                     f"a robust rule needs at least {ROBUST_MIN_CLIENTS}")
         self._agg = None
         return record

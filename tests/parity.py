@@ -4,7 +4,7 @@ from pathlib import Path
 
 import torch
 
-from fedsilo.engines.flower.simulation import run_simulation
+from fedsilo.runs.flower import run_simulation
 from fedsilo.runs.runner import run_experiment
 
 

@@ -41,11 +41,11 @@ def _updates(dtype=torch.float64):
 @pytest.mark.parametrize("policy", ["size", "equal", "lorar", "loss_reduction", "loss"])
 def test_streaming_equals_the_explicit_weighted_mean(policy):
     updates = _updates()
-    agg = RoundAggregator(policy)
+    agg = RoundAggregator(WEIGHTINGS.get(policy))
     for i, (u, n, v) in enumerate(zip(updates, SIZES, VALUES)):
         agg.add(f"c{i}", u, n_examples=n, value=v)
     delta, w = agg.finish()
-    p = client_weights(policy, SIZES, VALUES).values
+    p = client_weights(WEIGHTINGS.get(policy), SIZES, VALUES).values
     assert w.values == pytest.approx(p) and not w.any_fallback
     assert agg.clients == ["c0", "c1", "c2"]
     for k in ("a", "b"):
@@ -54,7 +54,7 @@ def test_streaming_equals_the_explicit_weighted_mean(policy):
 
 
 def test_lorar_hand_computed():
-    agg = RoundAggregator("lorar")
+    agg = RoundAggregator(WEIGHTINGS.get("lorar"))
     d1, d2 = torch.tensor([1.0, 2.0]), torch.tensor([-1.0, 4.0])
     agg.add("a", {"t": d1}, n_examples=10, value=1.0)
     agg.add("b", {"t": d2}, n_examples=30, value=2.0)
@@ -69,7 +69,7 @@ def test_lorar_hand_computed():
 def test_degenerate_round_uses_the_size_sum(values, fell_back):
     """All scores unusable: size weights. One unusable: that client alone takes its size share
     (here 30/40), the other the rest — the same numbers, but only b is marked."""
-    agg = RoundAggregator("lorar")
+    agg = RoundAggregator(WEIGHTINGS.get("lorar"))
     agg.add("a", {"t": torch.tensor([1.0])}, n_examples=10, value=values[0])
     agg.add("b", {"t": torch.tensor([4.0]), "u": torch.tensor([2.0])}, n_examples=30, value=values[1])
     delta, w = agg.finish()
@@ -83,7 +83,7 @@ def test_float64_updates_stay_float64_and_exact():
     a = torch.tensor([1e-12, 1.0 + 1e-10, 3.0], dtype=torch.float64)
     b = torch.tensor([2e-12, 2.0, 1.0 - 1e-10], dtype=torch.float64)
     for policy in ("size", "lorar"):
-        agg = RoundAggregator(policy, like=like)
+        agg = RoundAggregator(WEIGHTINGS.get(policy), like=like)
         agg.add("a", {"t": a}, n_examples=1, value=1.0)
         agg.add("b", {"t": b}, n_examples=3, value=1.0)
         delta, _ = agg.finish()
@@ -95,7 +95,7 @@ def test_float64_updates_stay_float64_and_exact():
 
 def test_float32_updates_of_a_float64_model_are_summed_in_float64():
     like = {"t": torch.zeros(2, dtype=torch.float64)}
-    agg = RoundAggregator("equal", like=like)
+    agg = RoundAggregator(WEIGHTINGS.get("equal"), like=like)
     agg.add("a", {"t": torch.tensor([1.0, 2.0])}, n_examples=1)
     delta, _ = agg.finish()
     assert delta["t"].dtype == torch.float64
@@ -117,7 +117,7 @@ def test_accumulator_dtype(like, update, expected):
 @pytest.mark.parametrize("policy", ["equal", "size"])
 def test_a_policy_that_cannot_degenerate_holds_one_sum_per_tensor(policy):
     like = {"a": torch.zeros(4, 3, dtype=torch.float64), "b": torch.zeros(7, dtype=torch.float64)}
-    agg = RoundAggregator(policy, like=like)
+    agg = RoundAggregator(WEIGHTINGS.get(policy), like=like)
     for u, n in zip(_updates() * 3, SIZES * 3):  # nine clients
         agg.add("c", u, n_examples=n)
     assert agg.by_size is None
@@ -127,14 +127,14 @@ def test_a_policy_that_cannot_degenerate_holds_one_sum_per_tensor(policy):
 
 def test_a_policy_that_can_degenerate_holds_two_sums_per_tensor():
     assert WEIGHTINGS.get("lorar").can_degenerate
-    agg = RoundAggregator("lorar")
+    agg = RoundAggregator(WEIGHTINGS.get("lorar"))
     for u, n, v in zip(_updates() * 3, SIZES * 3, VALUES * 3):
         agg.add("c", u, n_examples=n, value=v)
     assert len(_held_tensors(agg)) == 4
 
 
 def test_partial_uploads_average_over_senders_only():
-    agg = RoundAggregator("size")
+    agg = RoundAggregator(WEIGHTINGS.get("size"))
     agg.add("a", {"t1": torch.tensor([1.0]), "t2": torch.tensor([5.0])}, n_examples=1)
     agg.add("b", {"t1": torch.tensor([3.0])}, n_examples=3)
     delta, w = agg.finish()
@@ -144,7 +144,7 @@ def test_partial_uploads_average_over_senders_only():
 
 
 def test_a_tensor_only_zero_weight_clients_sent_is_left_out():
-    agg = RoundAggregator("lorar")
+    agg = RoundAggregator(WEIGHTINGS.get("lorar"))
     agg.add("a", {"t": torch.tensor([1.0])}, n_examples=10, value=1.0)
     agg.add("z", {"t": torch.tensor([9.0]), "only_z": torch.tensor([3.0])}, n_examples=10, value=0.0)
     delta, w = agg.finish()
@@ -153,12 +153,12 @@ def test_a_tensor_only_zero_weight_clients_sent_is_left_out():
 
 
 def test_empty_round():
-    assert RoundAggregator("lorar").finish()[0] == {}
-    assert RoundAggregator("lorar").finish()[1].values == []
+    assert RoundAggregator(WEIGHTINGS.get("lorar")).finish()[0] == {}
+    assert RoundAggregator(WEIGHTINGS.get("lorar")).finish()[1].values == []
 
 
 def test_finish_is_idempotent_and_closes_the_round():
-    agg = RoundAggregator("size")
+    agg = RoundAggregator(WEIGHTINGS.get("size"))
     agg.add("a", {"t": torch.tensor([2.0])}, n_examples=2)
     first = agg.finish()
     assert agg.finish() is first and first[0]["t"].item() == 2.0
@@ -168,13 +168,13 @@ def test_finish_is_idempotent_and_closes_the_round():
 
 def test_unknown_policy_is_named():
     with pytest.raises(ValueError, match="bogus"):
-        RoundAggregator("bogus")
+        RoundAggregator(WEIGHTINGS.get("bogus"))
 
 
 def test_a_policy_that_wrongly_claims_it_cannot_degenerate_fails_loudly(monkeypatch):
     policy = WeightingPolicy(lambda n, v: v, "delta_loss", can_degenerate=False)
     monkeypatch.setitem(WEIGHTINGS._entries, "liar", Entry("liar", policy))
-    agg = RoundAggregator("liar")
+    agg = RoundAggregator(WEIGHTINGS.get("liar"))
     agg.add("a", {"t": torch.tensor([1.0])}, n_examples=1, value=0.0)
     with pytest.raises(ValueError, match="cannot degenerate"):
         agg.finish()
@@ -183,7 +183,7 @@ def test_a_policy_that_wrongly_claims_it_cannot_degenerate_fails_loudly(monkeypa
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_sums_live_on_the_global_tensors_device():
     like = {"t": torch.zeros(2, device="cuda")}
-    agg = RoundAggregator("lorar", like=like)
+    agg = RoundAggregator(WEIGHTINGS.get("lorar"), like=like)
     agg.add("a", {"t": torch.ones(2)}, n_examples=1, value=1.0)  # a CPU update
     delta, _ = agg.finish()
     assert delta["t"].device.type == "cuda"

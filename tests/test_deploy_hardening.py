@@ -18,7 +18,8 @@ import pytest
 
 from fedsilo import cli
 from fedsilo.cli import main
-from fedsilo.engines.flower import deploy, server_app
+from fedsilo.engines.flower import deploy
+from fedsilo.runs import flower as server_app
 from fedsilo.engines.flower.deploy import DeploymentError, LocalDeployment, log_tail, split_silo_data
 from fedsilo.runs.lock import RunLock, RunLocked, held_for
 from tests.synth import tiny_config, write_silos

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from fedsilo.config import validate
-from fedsilo.core.weighting import client_weights
+from fedsilo.core.weighting import WEIGHTINGS, client_weights
 from fedsilo.runs.runner import run_experiment
 from tests.killed_run import interrupted_in_round_two
 from tests.synth import tiny_config, write_silos
@@ -35,7 +35,7 @@ def test_federated_run_three_silos_two_rounds(tmp_path, data_dir):
         assert list(clients) == ["restaurants", "academic", "yelp"]
         # weights are Lorar's, recomputed from what the clients logged
         deltas = [max(v for _, v in c["losses"]) - min(v for _, v in c["losses"]) for c in clients.values()]
-        expected = client_weights("lorar", [c["n_examples"] for c in clients.values()], deltas)
+        expected = client_weights(WEIGHTINGS.get("lorar"), [c["n_examples"] for c in clients.values()], deltas)
         assert [c["weight"] for c in clients.values()] == pytest.approx(expected.values)
         assert sum(c["weight"] for c in clients.values()) == pytest.approx(1.0)
         model_bytes = model_bytes or clients["yelp"]["bytes_up"]
@@ -147,7 +147,7 @@ def test_local_checkpoint_folder_loads_unchanged(tmp_path, data_dir):
     """`model.name = <folder>`: any local Hugging Face seq2seq checkpoint, as a GPU user's t5-small."""
     from fedsilo.models.seq2seq import build_seq2seq
 
-    from fedsilo.runs.build import model_config
+    from fedsilo.recipe import model_config
 
     built, tokenizer = build_seq2seq(model_config(validate(tiny_config(data_dir))), seed=7)
     folder = tmp_path / "my-t5"

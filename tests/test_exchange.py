@@ -6,11 +6,13 @@ import torch
 from fedsilo.client.silo import SiloClient
 from fedsilo.client.store import DiskStore, MemoryStore
 from fedsilo.config import ClientConfig
-from fedsilo.core.exchange import ExchangePlan, register_selector
+from fedsilo.core.exchange import DOWNLOADS, OVERWRITES, SELECTORS, ExchangePlan, register_selector
 from fedsilo.core.server_opt import ServerOptimizer
 from fedsilo.core.tensors import nbytes
+from fedsilo.core.weighting import WEIGHTINGS
+from fedsilo.core.messages import ClientUpdate
 from fedsilo.engines.local import run_round
-from fedsilo.server import ClientUpdate, Server
+from fedsilo.server import Server
 from tests.toy import TiedToy, ToyTask, toy_data
 
 CFG = ClientConfig(epochs=1, lr=0.1, batch_size=4, optimizer="sgd", max_grad_norm=0)
@@ -21,7 +23,7 @@ def federation(plan: ExchangePlan, n_clients: int = 2, store=None, cfg: ClientCo
     model = TiedToy()
     params = dict(model.named_parameters())
     shared, private = plan.split(params)
-    server = Server({k: params[k].detach() for k in shared}, ServerOptimizer("fedavg"), "size", plan)
+    server = Server({k: params[k].detach() for k in shared}, ServerOptimizer("fedavg"), WEIGHTINGS.resolve("size"), plan)
     store = store if store is not None else MemoryStore()
     initial = {k: params[k].detach().clone() for k in private}
     clients = {f"c{i}": SiloClient(f"c{i}", i, toy_data(8 + 4 * i, seed=i), ToyTask, cfg, model, plan, store, initial)
@@ -94,7 +96,7 @@ def _odd_round_selector(ctx):
 
 
 def test_per_round_selection_uploads_subset_and_server_keeps_the_rest():
-    plan = ExchangePlan(upload="test-enc-weight-on-odd-rounds")
+    plan = ExchangePlan(upload=SELECTORS.resolve("test-enc-weight-on-odd-rounds"))
     model, server, clients = federation(plan)
     before = {k: v.clone() for k, v in server.params.items()}
     record = run_round(server, clients, list(clients), 1, seed=0)
@@ -109,7 +111,7 @@ def test_per_round_selection_uploads_subset_and_server_keeps_the_rest():
 
 def test_selector_choosing_a_private_tensor_is_an_error():
     register_selector("test-bad")(lambda ctx: ["dec.weight"])
-    plan = ExchangePlan(private=("dec.*",), upload="test-bad")
+    plan = ExchangePlan(private=("dec.*",), upload=SELECTORS.resolve("test-bad"))
     model, server, clients = federation(plan)
     with pytest.raises(ValueError, match="dec.weight"):
         run_round(server, clients, list(clients), 1, seed=0)
@@ -125,7 +127,7 @@ def _enc_only(ctx):
 def test_download_only_what_was_uploaded_and_overwrite_only_that():
     """download = uploaded: round 2 sends each client only the tensors it sent in round 1; the client
     keeps its own values for everything else (they were never overwritten)."""
-    plan = ExchangePlan(upload="test-enc-only", download="uploaded")
+    plan = ExchangePlan(upload=SELECTORS.resolve("test-enc-only"), download=DOWNLOADS.resolve("uploaded"))
     model, server, clients = federation(plan)
     full = nbytes(server.params)
     r1 = run_round(server, clients, list(clients), 1, seed=0)
@@ -146,7 +148,7 @@ def test_download_only_what_was_uploaded_and_overwrite_only_that():
 
 
 def test_overwrite_uploaded_with_full_download_keeps_the_rest_local():
-    plan = ExchangePlan(upload="test-enc-only", overwrite="uploaded")
+    plan = ExchangePlan(upload=SELECTORS.resolve("test-enc-only"), overwrite=OVERWRITES.resolve("uploaded"))
     model, server, clients = federation(plan)
     run_round(server, clients, list(clients), 1, seed=0)
     own = clients["c1"].store.get("c1").slot("own")

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from fedsilo.client.meta import meta_weights
 from fedsilo.client.store import DiskStore
 from fedsilo.config import ConfigError, validate
-from fedsilo.runs.build import build_model, build_task
+from fedsilo.recipe import build_model, build_task
 from fedsilo.runs.runner import run_experiment
 from tests import mtoy
 

@@ -75,7 +75,7 @@ def assert_bytes_agree(run):
 
 
 def test_flower_simulation_matches_in_process(tmp_path, data_dir, local_run):
-    from fedsilo.engines.flower.simulation import run_simulation
+    from fedsilo.runs.flower import run_simulation
 
     out = tmp_path / "sim"
     run_simulation(validate(flower_config(data_dir)), out, show_progress=False)
@@ -191,7 +191,7 @@ def test_a_supernode_killed_mid_run_is_recorded_missing(tmp_path, data_dir):
 
 
 def test_flower_resume_equals_uninterrupted(tmp_path, data_dir, local_run):
-    from fedsilo.engines.flower.simulation import run_simulation
+    from fedsilo.runs.flower import run_simulation
 
     out = tmp_path / "sim"
     run_simulation(validate(flower_config(data_dir, federation={"rounds": 1})), out, show_progress=False)

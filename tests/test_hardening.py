@@ -16,7 +16,10 @@ import torch
 from fedsilo.cli import main
 from fedsilo.config import ConfigError, to_toml
 from fedsilo.core.server_opt import ServerOptimizer
-from fedsilo.server import ClientUpdate, Server
+from fedsilo.core.messages import ClientUpdate
+from fedsilo.core.aggregate import AGGREGATIONS
+from fedsilo.core.weighting import WEIGHTINGS
+from fedsilo.server import Server
 from tests.killed_run import past_round_1
 from tests.test_plugins import rounds_of, toy_config
 
@@ -27,15 +30,17 @@ HONEST = ("h1", "h2", "h3", "h4")
 def _server(weighting="size", lr=1.0, **kw) -> Server:
     params = {"w": torch.ones(4), "b": torch.zeros(2)}
     limits = {"max_update_ratio": 100.0, "max_step_ratio": 1000.0, "max_weight_ratio": 10.0}  # the defaults
-    server = Server(params, ServerOptimizer("fedavg", lr), weighting, **{**limits, **kw})
+    if "aggregation" in kw:
+        kw["aggregation"] = AGGREGATIONS.resolve(kw["aggregation"], kw.pop("aggregation_options", None))
+    server = Server(params, ServerOptimizer("fedavg", lr), WEIGHTINGS.resolve(weighting), **{**limits, **kw})
     server.register({c: 10 for c in (*HONEST, "evil")})
     server.begin_round(1)
     return server
 
 
-def _update(w, b=None, n=10, **stats) -> ClientUpdate:
+def _update(w, b=None, n=10, delta_loss=0.5) -> ClientUpdate:
     w = w if isinstance(w, torch.Tensor) else torch.full((4,), float(w))
-    return ClientUpdate({"w": w, "b": torch.zeros(2) if b is None else b}, n, {"delta_loss": 0.5, **stats})
+    return ClientUpdate({"w": w, "b": torch.zeros(2) if b is None else b}, n, delta_loss=delta_loss)
 
 
 def _honest_round(server, evil: ClientUpdate | None = None, values=(1.1, 1.1)):
@@ -208,7 +213,7 @@ def _malformed_replies():
 
 
 def test_malformed_flower_replies_are_rejected_clients_not_crashes():
-    from fedsilo.engines.flower.server_app import FlowerEngine
+    from fedsilo.engines.flower.engine import FlowerEngine
 
     cases = _malformed_replies()
     engine = FlowerEngine.__new__(FlowerEngine)  # no Grid: the exchange is replaced below
@@ -230,7 +235,7 @@ def test_malformed_or_foreign_evaluation_rows_leave_that_silo_out():
     from flwr.app import ConfigRecord, RecordDict
 
     from fedsilo.engines.flower.codec import rows_to_record
-    from fedsilo.engines.flower.server_app import FlowerEngine
+    from fedsilo.engines.flower.engine import FlowerEngine
     from fedsilo.progress import Progress
 
     def content(rows):

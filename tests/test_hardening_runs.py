@@ -234,7 +234,7 @@ def test_upload_option_errors_name_the_full_path(options, where):
     with pytest.raises(ConfigError) as err:
         validate({"exchange": {"upload": "dp_l", "upload_options": options}})
     assert f"config: {where}" in str(err.value)
-    with pytest.raises(ConfigError, match=r"exchange\.upload_options: selector 'all' takes no options"):
+    with pytest.raises(ConfigError, match=r"exchange\.upload_options: the upload selector 'all' takes no options"):
         validate({"exchange": {"upload": "all", "upload_options": options}})
 
 

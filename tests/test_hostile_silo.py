@@ -11,7 +11,10 @@ from fedsilo.core.aggregate import trimmed_count
 from fedsilo.core.server_opt import ServerOptimizer
 from fedsilo.core.weighting import cap_ratio
 from fedsilo.runs.runner import run_experiment
-from fedsilo.server import ClientUpdate, Server
+from fedsilo.core.messages import ClientUpdate
+from fedsilo.core.aggregate import AGGREGATIONS
+from fedsilo.core.weighting import WEIGHTINGS
+from fedsilo.server import Server
 from tests.test_plugins import rounds_of, toy_config
 
 HONEST = ("h1", "h2", "h3", "h4")
@@ -21,7 +24,9 @@ DEFAULTS = {k: FederationConfig().__getattribute__(k) for k in ("max_update_rati
 
 def _server(weighting="size", **limits) -> Server:
     params = {"w": torch.ones(8), "b": torch.zeros(2)}
-    server = Server(params, ServerOptimizer("fedavg", 1.0), weighting, **{**DEFAULTS, **limits})
+    if "aggregation" in limits:
+        limits["aggregation"] = AGGREGATIONS.resolve(limits["aggregation"])
+    server = Server(params, ServerOptimizer("fedavg", 1.0), WEIGHTINGS.resolve(weighting), **{**DEFAULTS, **limits})
     server.register({c: 10 for c in (*HONEST, "evil")})
     return server
 
@@ -92,9 +97,9 @@ def test_self_declared_size_or_delta_loss_cannot_take_the_round(claim):
         server.register({**{c: 10 for c in HONEST}, "evil": 10**12})
     server.begin_round(1)
     for name in HONEST:
-        server.receive(name, ClientUpdate({"w": torch.full((8,), 1.1)}, 10, {"delta_loss": 0.5}))
+        server.receive(name, ClientUpdate({"w": torch.full((8,), 1.1)}, 10, delta_loss=0.5))
     evil_n = 10**12 if claim == "size" else 10
-    server.receive("evil", ClientUpdate({"w": torch.full((8,), 1.5)}, evil_n, {"delta_loss": 1e30}))
+    server.receive("evil", ClientUpdate({"w": torch.full((8,), 1.5)}, evil_n, delta_loss=1e30))
     record = server.end_round()
     weights = {c: e["weight"] for c, e in record["clients"].items()}
     assert weights["evil"] == pytest.approx(10 / 14) and record["clients"]["evil"]["capped"]  # 10 × the others
@@ -187,7 +192,7 @@ def test_a_weight_cap_that_does_not_bind_leaves_the_aggregate_bit_identical():
     sizes = [7, 13, 5, 11]
     out = []
     for limits in ({"max_weight_ratio": None}, {"max_weight_ratio": 10.0}):
-        server = Server({"w": torch.zeros(64), "b": torch.zeros(3)}, ServerOptimizer("fedavg", 1.0), "size",
+        server = Server({"w": torch.zeros(64), "b": torch.zeros(3)}, ServerOptimizer("fedavg", 1.0), WEIGHTINGS.resolve("size"),
                         **{**DEFAULTS, **limits})
         server.begin_round(1)
         for i, (u, n) in enumerate(zip(updates, sizes)):

@@ -9,7 +9,8 @@ from fedsilo.client.schedule import StepSchedule
 from fedsilo.client.silo import SiloClient
 from fedsilo.client.store import MemoryStore
 from fedsilo.client.train import train_local
-from fedsilo.config import ClientConfig, ConfigError, PersonalConfig, validate
+from fedsilo.client.settings import ClientConfig, PersonalConfig
+from fedsilo.config import ConfigError, validate
 from fedsilo.core.exchange import ExchangePlan
 from fedsilo.runs.runner import run_experiment
 from tests.killed_run import interrupted_in_round_two
@@ -126,7 +127,7 @@ def test_run_span_is_one_schedule_over_all_rounds():
     client = slope_client(rounds=2, lr_schedule="linear", warmup=0.25)   # 8 steps, 2 of warm-up
     (first, u1), (second, u2) = used_rates(client, 1), used_rates(client, 2)
     assert first + second == pytest.approx([linear(s, 8, 2) for s in range(8)])
-    assert (u1.stats["lr/last"], u2.stats["lr/last"]) == pytest.approx((first[-1], second[-1]))
+    assert (u1.lr_last, u2.lr_last) == pytest.approx((first[-1], second[-1]))
 
 
 def test_round_span_restarts_every_round():
@@ -167,7 +168,7 @@ def test_personal_model_restarts_its_schedule_every_round():
 def test_constant_steps_at_the_configured_rate():
     client = slope_client(rounds=2)
     (first, update), (second, _) = used_rates(client, 1), used_rates(client, 2)
-    assert first == second == [0.1] * 4 and "lr/last" not in update.stats
+    assert first == second == [0.1] * 4 and update.lr_last is None
 
 
 def test_constant_is_bit_identical_to_no_schedule():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fedsilo.config import validate
-from fedsilo.runs.build import build_model, build_task, exchange_plan
+from fedsilo.recipe import build_model, build_task, exchange_plan
 from fedsilo.runs.runner import run_experiment
 from fedsilo.tasks.matching.metrics import question_stats
 

@@ -435,7 +435,7 @@ def test_config_builds_a_patched_model_whose_patches_a_glob_keeps_private():
     from fedsilo.client.silo import federated_parameters
     from fedsilo.config import ConfigError
     from fedsilo.core.exchange import ExchangePlan
-    from fedsilo.runs.build import build_model
+    from fedsilo.recipe import build_model
 
     cfg = run_config({"kind": "pal", "insertion": "inner", "size": 16})
     a, tokenizer = build_model(cfg)

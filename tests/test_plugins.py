@@ -52,7 +52,7 @@ def test_toy_task_runs_federated_with_pooled_metrics_from_stats(tmp_path):
 
 
 def test_surgery_is_applied_seeded_and_its_tensors_federate(tmp_path):
-    from fedsilo.runs.build import build_model
+    from fedsilo.recipe import build_model
 
     cfg = toy_config(model={"surgery": {"name": "test-adapter", "options": {"noise": 0.05}}},
                      federation={"rounds": 1})

@@ -11,9 +11,10 @@ from torch import nn
 from fedsilo.client.silo import SiloClient
 from fedsilo.client.store import MemoryStore
 from fedsilo.config import ClientConfig, validate
-from fedsilo.core.exchange import SELECTORS, ExchangePlan, SelectionContext
+from fedsilo.core.exchange import DOWNLOADS, OVERWRITES, SELECTORS, ExchangePlan, SelectionContext
 from fedsilo.core.pulling import PullingSettings, change, groups, leading_share, quantile
 from fedsilo.core.server_opt import ServerOptimizer
+from fedsilo.core.weighting import WEIGHTINGS
 from fedsilo.engines.local import run_round
 from fedsilo.server import Server
 
@@ -38,7 +39,7 @@ def context(changes=CHANGE, previous=True, round_idx=2, sizes=None, **options):
 
 
 def choose(selector, ctx):
-    return ExchangePlan(upload=selector, upload_options=ctx.options).choose_upload(ctx)
+    return ExchangePlan(upload=SELECTORS.resolve(selector, ctx.options)).choose_upload(ctx)
 
 
 def test_groups_put_embeddings_where_the_setting_says():
@@ -213,10 +214,10 @@ def vector_data(n, seed, dim=6):
 def dp_federation(upload="dp_l", download="all", overwrite="uploaded", n_clients=3, options=None):
     torch.manual_seed(0)
     model = EvenSeq2Seq()
-    plan = ExchangePlan(upload=upload, upload_options=PullingSettings(**(options or {})),
-                        download=download, overwrite=overwrite)
+    plan = ExchangePlan(upload=SELECTORS.resolve(upload, PullingSettings(**(options or {}))),
+                        download=DOWNLOADS.resolve(download), overwrite=OVERWRITES.resolve(overwrite))
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    server = Server({k: p.detach() for k, p in params.items()}, ServerOptimizer("fedavg"), "size", plan)
+    server = Server({k: p.detach() for k, p in params.items()}, ServerOptimizer("fedavg"), WEIGHTINGS.resolve("size"), plan)
     store = MemoryStore()
     cfg = ClientConfig(epochs=1, lr=0.5, batch_size=4, optimizer="sgd", max_grad_norm=0)
     clients = {f"c{i}": SiloClient(f"c{i}", i, vector_data(8, seed=i), VectorTask, cfg, model, plan, store, {})

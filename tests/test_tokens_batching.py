@@ -10,7 +10,7 @@ from fedsilo.client import batching
 from fedsilo.client.batching import BATCH_ORDERS, default_window, padding_share
 from fedsilo.config import ConfigError, validate
 from fedsilo.models import precision
-from fedsilo.runs.build import build_model
+from fedsilo.recipe import build_model
 from fedsilo.tasks import tokens
 from fedsilo.tasks.text2sql.plugin import Text2SQLSettings
 from fedsilo.tasks.text2sql.task import TargetLengthWarning, Text2SQLTask

@@ -9,7 +9,7 @@ import sacrebleu
 import torch
 
 from fedsilo.config import ConfigError, validate
-from fedsilo.runs.build import build_model, build_task
+from fedsilo.recipe import build_model, build_task
 from fedsilo.runs.runner import run_experiment
 from fedsilo.tasks.translation.metrics import bleu_from_stats
 
@@ -59,7 +59,7 @@ def test_tokenizer_is_fitted_on_the_news_training_pairs_only(monkeypatch):
     seen = []
     real_load = task_module.load_domain
     monkeypatch.setattr(task_module, "load_domain", lambda d, domain: seen.append(domain) or real_load(d, domain))
-    from fedsilo.runs.build import task_tokenizer
+    from fedsilo.recipe import task_tokenizer
     tok = task_tokenizer(validate(nmt_config()))()
     assert seen == ["news"]
     assert tok.decode(tok("Das Haus ist groß.")["input_ids"], skip_special_tokens=True) == "Das Haus ist groß."

@@ -14,17 +14,19 @@ from typing import Any
 
 import torch
 
-from fedsilo.config import ClientConfig
 from fedsilo.core.exchange import ExchangePlan, SelectionContext
+from fedsilo.core.messages import ClientUpdate
 from fedsilo.core.tensors import Tensors
+from fedsilo.core.transforms import (SILO_CHECKS, RoundInstructions, SiloRefused, TransformContext, encode,
+                                     refusal)
 from fedsilo.errors import StoreError
 from fedsilo.models.precision import autocast
-from fedsilo.server import ClientUpdate
 from fedsilo.tasks.tokens import PreTokenized, row_length, tokenized
 
 from .hooks import ROUND_HOOKS, HookContext
 from .objective import CLIENT_OBJECTIVES
 from .schedule import round_steps, span_of
+from .settings import ClientConfig
 from .store import ClientState, ClientStore, optimizer_from_slot, optimizer_to_slot
 from .train import train_local
 
@@ -63,6 +65,9 @@ class SiloClient:
         self.persist_optimizer = persist_optimizer
         self.precision = precision
         self.loss_fn = CLIENT_OBJECTIVES.get(cfg.objective)(task, cfg)
+        self.checks = SILO_CHECKS.resolve_chain(cfg.upload_checks, "upload_checks")
+        self.hook = ROUND_HOOKS.resolve(cfg.before_training, cfg.hook_options, "hook_options") \
+            if cfg.before_training else None
         # Tokenised once here (read from the cache when an earlier run wrote it); batches are padded
         # from these tensors. A task without `tokenize`/`pad` is collated from its examples each batch.
         self.rows = tokenized(task, examples, token_cache) if isinstance(task, PreTokenized) else None
@@ -116,6 +121,9 @@ class SiloClient:
     def fit(self, round_idx: int, received: Tensors, seed: int, on_step: Callable[[], None] | None = None
             ) -> ClientUpdate:
         start = time.perf_counter()
+        reason = refusal(self.checks, RoundInstructions(round_idx, self.name, self.plan.upload_transforms))
+        if reason:  # before anything is trained or sent
+            raise SiloRefused(reason)
         device = next(self.model.parameters()).device
         received = {k: v.to(device) for k, v in received.items()}  # no copy when already there
         state = self._state()
@@ -123,11 +131,11 @@ class SiloClient:
         run_seed = client_seed(seed, round_idx, self.index)
         examples = self.examples
         phases = {}  # seconds per phase of the round (the FewFedWeight paper's Table 4: generating vs training)
-        if self.cfg.before_training:
+        if self.hook is not None:
             ctx = HookContext(self.name, round_idx, run_seed, self.model, self.examples, received,
-                              state.slot("own"), self.cfg.pseudo_source, self.task, self.cfg.hook_settings())
+                              state.slot("own"), self.cfg.pseudo_source, self.task, self.hook.options)
             with autocast(self.precision, device):
-                examples = ROUND_HOOKS.get(self.cfg.before_training)(ctx)
+                examples = self.hook.value(ctx)
             self.start_point(received, state)  # the hook may have loaded another model to label with
             phases["before_training"] = time.perf_counter() - start
         restore = None
@@ -158,22 +166,22 @@ class SiloClient:
             ctx = SelectionContext(round_idx, self.name, self.shared_names, now, previous, seed,
                                    self.plan.upload_options)
             upload = self.plan.choose_upload(ctx)
-            values = {k: now[k].clone() for k in upload}
+            values, transformed = encode(self.plan.upload_transforms, {k: now[k].clone() for k in upload},
+                                         TransformContext(round_idx, self.name, received, seed))
         slots, meta = self._kept(state, params, upload, result.steps, opt)
-        stats = {"delta_loss": result.delta_loss, "mean_loss": result.mean_loss,
-                 **{f"loss/{k}": v for k, v in result.terms.items()}}
-        if self.cfg.lr_schedule != "constant":  # where the schedule stands (rounds.jsonl)
-            stats["lr/last"] = result.lr
+        personal_terms = {}
         if self.cfg.personal is not None:
             began = time.perf_counter()
             slots["personal"], personal = self._train_personal(state, received, examples, run_seed, on_step)
-            stats.update({f"personal/{k}": v for k, v in personal.terms.items()})
+            personal_terms = personal.terms
             phases["personal"] = time.perf_counter() - began
-        stats.update({f"seconds/{k}": v for k, v in phases.items()})
         self.store.put(self.name, ClientState(slots, meta))
         # n: the silo's own data (FedAvg's n_k, what it registered), not counting pseudo-labelled extras
-        return ClientUpdate(values, len(self.examples), stats, result.steps, result.losses,
-                            time.perf_counter() - start)
+        return ClientUpdate(values, len(self.examples), result.steps, result.losses, time.perf_counter() - start,
+                            delta_loss=result.delta_loss, mean_loss=result.mean_loss, terms=result.terms,
+                            personal_terms=personal_terms, phase_seconds=phases,
+                            lr_last=result.lr if self.cfg.lr_schedule != "constant" else None,
+                            transforms=transformed)
 
     def _reference(self, own: Tensors, received: Tensors) -> Tensors | None:
         """What an upload selector compares this round's tensors with: the client's own at the end of its

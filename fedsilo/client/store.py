@@ -18,17 +18,16 @@ naming it, never a silently different (or restarted) client.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 import torch
 
-from fedsilo.core.tensors import Tensors
+from fedsilo.core.tensors import Tensors, tensor_digest
 from fedsilo.errors import StoreError
 from fedsilo.fileio import atomic_write_bytes
 
@@ -111,16 +110,6 @@ class MemoryStore:
 
 
 _FILE = re.compile(r"round-(\d+)\.safetensors$")
-
-
-def tensor_digest(flat: Mapping[str, torch.Tensor], info: Mapping[str, str]) -> str:
-    """sha256 of named tensors (names, dtypes, shapes, bytes) and string metadata: a file's content
-    hash, computed alike from what is written and from what is read back."""
-    head = {"info": dict(info), "tensors": {k: [str(t.dtype), list(t.shape)] for k, t in flat.items()}}
-    h = hashlib.sha256(json.dumps(head, sort_keys=True).encode())
-    for name in sorted(flat):
-        h.update(flat[name].detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
-    return h.hexdigest()
 
 
 class DiskStore:

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fedsilo.registry import Registry
 
 from .tensors import Tensors
-from .weighting import WEIGHTINGS, Weights, client_score, client_weights, usable_score
+from .weighting import WeightingPolicy, Weights, client_score, client_weights, usable_score
 
 
 class TrimSettings(BaseModel):
@@ -72,7 +72,8 @@ ROBUST_MIN_CLIENTS = 3
 
 
 AGGREGATIONS: Registry[Aggregation] = Registry("aggregation rule")
-AGGREGATIONS.add("mean", Aggregation(_mean, weighted=True))
+MEAN = Aggregation(_mean, weighted=True)  # streamed: the only rule that needs no buffer
+AGGREGATIONS.add("mean", MEAN)
 AGGREGATIONS.add("median", Aggregation(_median, weighted=False))
 AGGREGATIONS.add("trimmed_mean", Aggregation(_trimmed_mean, weighted=False), TrimSettings)
 
@@ -125,19 +126,18 @@ def combined_mean(parts: list[tuple[StreamingMean, float]]) -> Tensors:
 
 
 class RoundAggregator:
-    """Collects one round's client deltas: a weighting policy (a `WEIGHTINGS` name) and a rule (an
-    `AGGREGATIONS` name, with its options), optionally capping each client's weight."""
+    """Collects one round's client deltas under a weighting policy and an aggregation rule (with its
+    validated options), optionally capping each client's weight."""
 
-    def __init__(self, policy: str, like: Tensors | None = None, rule: str = "mean",
-                 options: dict | None = None, max_weight: float | None = None,
+    def __init__(self, policy: WeightingPolicy, like: Tensors | None = None, rule: Aggregation | None = None,
+                 options: BaseModel | None = None, max_weight: float | None = None,
                  max_ratio: float | None = None) -> None:
         self.policy, self.like, self.max_weight, self.max_ratio = policy, like or {}, max_weight, max_ratio
-        self.can_degenerate = WEIGHTINGS.get(policy).can_degenerate  # an unknown policy lists the choices
-        entry = AGGREGATIONS.entry(rule)
-        self.rule = entry.value
-        self.options = entry.settings.model_validate(options or {}) if entry.settings else None
+        self.can_degenerate = policy.can_degenerate
+        self.rule = rule or MEAN
+        self.options = options
         capping = max_weight is not None or max_ratio is not None
-        self.buffered: list[Tensors] | None = [] if (rule != "mean" or capping) else None
+        self.buffered: list[Tensors] | None = [] if (self.rule is not MEAN or capping) else None
         self.scored = StreamingMean(like)  # usable scores
         self.by_size = StreamingMean(like) if self.can_degenerate else None  # every client, by size
         self.fallen: StreamingMean | None = None  # clients whose score was unusable, by size

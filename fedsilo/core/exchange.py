@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
-from fedsilo.registry import Registry
+from fedsilo.registry import Policy, Registry
 
 from .tensors import Tensors
+from .transforms import UploadTransform
 
 
 @dataclass(frozen=True)
@@ -59,13 +60,27 @@ def register_selector(name: str, needs_previous: bool = False, settings: type | 
 # download(round, shared names, names this client uploaded in its last round or None) -> names sent
 DownloadPolicy = Callable[[int, Sequence[str], Sequence[str] | None], Iterable[str]]
 DOWNLOADS: Registry[DownloadPolicy] = Registry("download policy")
-DOWNLOADS.add("all", lambda r, names, uploaded: names)
+
+
+def download_all(round_idx, names, uploaded):
+    """The default: every shared tensor (a client need not keep the others)."""
+    return names
+
+
+DOWNLOADS.add("all", download_all)
 DOWNLOADS.add("uploaded", lambda r, names, uploaded: names if uploaded is None else uploaded)
 
 # overwrite(received names, names this client uploaded in its last round or None) -> names taken
 OverwritePolicy = Callable[[Sequence[str], Sequence[str] | None], Iterable[str]]
 OVERWRITES: Registry[OverwritePolicy] = Registry("overwrite policy")
-OVERWRITES.add("received", lambda received, uploaded: received)
+
+
+def overwrite_received(received, uploaded):
+    """The default: take everything received."""
+    return received
+
+
+OVERWRITES.add("received", overwrite_received)
 OVERWRITES.add("uploaded", lambda received, uploaded: received if uploaded is None
                else [n for n in received if n in set(uploaded)])
 OVERWRITES.add("none", lambda received, uploaded: [] if uploaded is not None else received)
@@ -77,12 +92,18 @@ def matches(name: str, patterns: Sequence[str]) -> bool:
 
 @dataclass(frozen=True)
 class ExchangePlan:
+    """Which tensors are shared, and the three resolved policies (built once per run, held by the
+    server and every client)."""
     shared: tuple[str, ...] = ("*",)
     private: tuple[str, ...] = ()
-    upload: str = "all"
-    upload_options: Any = None
-    download: str = "all"
-    overwrite: str = "received"
+    upload: Policy[Selector] = field(default_factory=lambda: SELECTORS.resolve("all"))
+    download: Policy[DownloadPolicy] = field(default_factory=lambda: DOWNLOADS.resolve("all"))
+    overwrite: Policy[OverwritePolicy] = field(default_factory=lambda: OVERWRITES.resolve("received"))
+    upload_transforms: tuple[Policy[UploadTransform], ...] = ()  # what the upload goes through before it leaves
+
+    @property
+    def upload_options(self) -> Any:
+        return self.upload.options
 
     def split(self, names: Iterable[str]) -> tuple[list[str], list[str]]:
         """(shared names, private names), in the given order."""
@@ -94,23 +115,23 @@ class ExchangePlan:
     @property
     def keeps_everything(self) -> bool:
         """Whether a client must keep all its tensors between rounds (not only the private ones)."""
-        return (self.download != "all" or self.overwrite != "received"
-                or SELECTORS.get(self.upload).needs_previous)
+        return (self.download.value is not download_all or self.overwrite.value is not overwrite_received
+                or self.upload.value.needs_previous)
 
     def choose_upload(self, ctx: SelectionContext) -> list[str]:
         """Names of the shared tensors this client sends this round, in model order."""
-        chosen = set(SELECTORS.get(self.upload).choose(ctx))
+        chosen = set(self.upload.value.choose(ctx))
         unknown = chosen - set(ctx.names)
         if unknown:
-            raise ValueError(f"selector {self.upload!r} chose tensors that are not shared: {sorted(unknown)}")
+            raise ValueError(f"selector {self.upload.name!r} chose tensors that are not shared: {sorted(unknown)}")
         return [n for n in ctx.names if n in chosen]
 
     def choose_download(self, round_idx: int, names: Sequence[str], uploaded: Sequence[str] | None) -> list[str]:
-        chosen = set(DOWNLOADS.get(self.download)(round_idx, names, uploaded))
+        chosen = set(self.download.value(round_idx, names, uploaded))
         return [n for n in names if n in chosen]
 
     def choose_overwrite(self, received: Sequence[str], uploaded: Sequence[str] | None) -> list[str]:
-        chosen = set(OVERWRITES.get(self.overwrite)(received, uploaded))
+        chosen = set(self.overwrite.value(received, uploaded))
         return [n for n in received if n in chosen]
 
 

@@ -1,6 +1,8 @@
 """Named-tensor sets: the only currency of the FL core (no models, no data, no transport)."""
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 
 import torch
@@ -35,3 +37,13 @@ def numel(tensors: Mapping[str, torch.Tensor]) -> int:
 
 def is_finite(tensors: Mapping[str, torch.Tensor]) -> bool:
     return all(bool(torch.isfinite(t).all()) for t in tensors.values() if t.is_floating_point())
+
+
+def tensor_digest(flat: Mapping[str, torch.Tensor], info: Mapping[str, str]) -> str:
+    """sha256 of named tensors (names, dtypes, shapes, bytes) and string metadata: a file's content
+    hash, computed alike from what is written and from what is read back."""
+    head = {"info": dict(info), "tensors": {k: [str(t.dtype), list(t.shape)] for k, t in flat.items()}}
+    h = hashlib.sha256(json.dumps(head, sort_keys=True).encode())
+    for name in sorted(flat):
+        h.update(flat[name].detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()

@@ -37,9 +37,9 @@ def delta_loss(logged: Sequence[float]) -> float:
     return max(values) - min(values)
 
 
-def client_score(policy: str, n_examples: float, value: float = math.nan) -> float:
+def client_score(policy: WeightingPolicy, n_examples: float, value: float = math.nan) -> float:
     """Unnormalised weight of one client under `policy`."""
-    return WEIGHTINGS.get(policy).score(n_examples, value)
+    return policy.score(n_examples, value)
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def usable_score(score: float) -> bool:
     return math.isfinite(score) and score >= 0
 
 
-def client_weights(policy: str, sizes: Sequence[float], values: Sequence[float] | None = None,
+def client_weights(policy: WeightingPolicy, sizes: Sequence[float], values: Sequence[float] | None = None,
                    max_weight: float | None = None, max_ratio: float | None = None) -> Weights:
     """p_i for one round.
 

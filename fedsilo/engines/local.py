@@ -13,11 +13,13 @@ import torch
 from fedsilo.client.silo import SiloClient, load_tensors
 from fedsilo.client.store import ClientStore
 from fedsilo.config import RunConfig
+from fedsilo.core.exchange import ExchangePlan
+from fedsilo.core.transforms import SiloRefused
 from fedsilo.engines.workers import WorkerPool, resolve_threads, resolve_workers, threads_per_worker
 from fedsilo.models.precision import autocast
 from fedsilo.progress import Progress
-from fedsilo.runs.build import build_clients, exchange_plan, initial_private
-from fedsilo.runs.rundir import RunDirError
+from fedsilo.errors import RunDirError
+from fedsilo.recipe import build_clients, exchange_plan, initial_private
 from fedsilo.server import Server
 
 
@@ -38,8 +40,12 @@ def run_round(server: Server, clients: dict[str, SiloClient], sampled: list[str]
             client = clients[name]
             if progress:
                 progress.begin(f"round {round_idx} · {name}", client.planned_steps())
-            update = client.fit(round_idx, server.payload(name), seed, on_step=progress.advance if progress else None)
-            reason = server.receive(name, update)
+            try:
+                update = client.fit(round_idx, server.payload(name), seed,
+                                    on_step=progress.advance if progress else None)
+                reason = server.receive(name, update)
+            except SiloRefused as err:
+                reason = server.reject(name, f"refused by the silo: {err}", key="refused")
             if reason and progress:
                 progress.warn(f"round {round_idx}: rejected {name}: {reason}")
     record = server.end_round()
@@ -49,11 +55,12 @@ def run_round(server: Server, clients: dict[str, SiloClient], sampled: list[str]
 
 
 class LocalEngine:
-    def __init__(self, cfg: RunConfig, task, model: torch.nn.Module, store: ClientStore) -> None:
+    def __init__(self, cfg: RunConfig, task, model: torch.nn.Module, store: ClientStore,
+                 plan: ExchangePlan | None = None) -> None:
         self.cfg, self.task, self.model, self.store = cfg, task, model, store
-        self.plan = exchange_plan(cfg)
+        self.plan = plan or exchange_plan(cfg)
         self.initial = initial_private(model, self.plan)
-        self.clients = build_clients(cfg, task, model, store, self.initial)
+        self.clients = build_clients(cfg, task, model, store, self.initial, self.plan)
         self.device = next(model.parameters()).device
         self.workers = resolve_workers(cfg.engine.workers, self.device, len(self.clients))
         self.threads = resolve_threads(cfg.engine.threads)

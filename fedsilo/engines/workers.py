@@ -12,11 +12,12 @@ per client.
 
 Workers are forked from the parent on CPU (they inherit the task, its tokenised silos and the
 clients); with CUDA, which cannot be forked, they are spawned and build the same parts from the
-config (`fedsilo.runs.build`), worker k on GPU k mod the GPU count.
+config (`fedsilo.recipe`), worker k on GPU k mod the GPU count.
 """
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import ctypes.util
 import json
 import multiprocessing as mp
@@ -31,9 +32,10 @@ import torch
 
 from fedsilo.client.store import ClientState
 from fedsilo.core.tensors import Tensors
+from fedsilo.core.transforms import SiloRefused
 from fedsilo.errors import WorkerLost
 from fedsilo.progress import Progress
-from fedsilo.server import ClientUpdate, Server
+from fedsilo.server import Server
 
 MAX_AUTO_CPU_WORKERS = 4
 
@@ -144,7 +146,7 @@ def _build(config: dict, rank: int) -> dict:
     """The clients over a model of this worker's own (spawned workers: CUDA)."""
     from fedsilo.client.store import MemoryStore
     from fedsilo.config import validate
-    from fedsilo.runs.build import build_clients, build_model, build_task
+    from fedsilo.recipe import build_clients, build_model, build_task
 
     cfg = validate(config)
     if torch.cuda.is_available() and cfg.model.device in ("auto", "cuda"):
@@ -201,13 +203,16 @@ class WorkerPool:
                                                  pack_state(clients[nxt].store.get(nxt)), seed)] = nxt
                     done, _ = wait(running, return_when=FIRST_COMPLETED)
                     finished.update((running.pop(f), f) for f in done)
-                update, state = finished.pop(name).result()
-                update = ClientUpdate(unpack(update.tensors), update.n_examples, update.stats, update.steps,
-                                      update.losses, update.seconds)
-                state = unpack_state(state)
-                if state is not None:
-                    clients[name].store.put(name, state)
-                reason = server.receive(name, update)
+                try:
+                    update, state = finished.pop(name).result()
+                except SiloRefused as err:  # nothing trained, nothing to store
+                    reason = server.reject(name, f"refused by the silo: {err}", key="refused")
+                else:
+                    update = dataclasses.replace(update, tensors=unpack(update.tensors))
+                    state = unpack_state(state)
+                    if state is not None:
+                        clients[name].store.put(name, state)
+                    reason = server.receive(name, update)
                 if reason and progress:
                     progress.warn(f"round {round_idx}: rejected {name}: {reason}")
         except BrokenProcessPool:

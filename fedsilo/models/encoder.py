@@ -26,10 +26,12 @@ from transformers import (
     PreTrainedModel,
 )
 
+from fedsilo.errors import ConfigError
+
 from .seq2seq import fits_in_memory, minilm_path, resolve_device
 
-if TYPE_CHECKING:  # fedsilo.config imports fedsilo.models: ConfigError is imported where raised
-    from fedsilo.config import ModelConfig
+if TYPE_CHECKING:
+    from .settings import ModelConfig
 
 BUILTIN = ("minilm", "tiny-bert")
 DEFAULT = "minilm"
@@ -65,7 +67,6 @@ def _build(cfg: ModelConfig) -> tuple[PreTrainedModel, object]:
 
 
 def _tiny_bert(cfg: ModelConfig, tokenizer) -> PreTrainedModel:
-    from fedsilo.config import ConfigError
     if cfg.d_model % cfg.num_heads:
         raise ConfigError(f"model: d_model = {cfg.d_model} is not a multiple of num_heads = {cfg.num_heads}")
     bert = BertConfig(
@@ -78,7 +79,6 @@ def _tiny_bert(cfg: ModelConfig, tokenizer) -> PreTrainedModel:
 
 
 def _local(name: str) -> tuple[object, PreTrainedModel]:
-    from fedsilo.config import ConfigError
     path = Path(name).expanduser()
     if not path.is_dir():
         raise ConfigError(f"model.name: {name!r} is neither one of {BUILTIN} nor a local checkpoint folder")

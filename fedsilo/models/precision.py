@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from fedsilo.errors import ConfigError
+
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -26,8 +28,6 @@ def cpu_has_bf16() -> bool:
 
 def check_precision(precision: str, device: torch.device) -> None:
     """A precision this device cannot run well is a config error, named before any work."""
-    from fedsilo.config import ConfigError
-
     if precision == "fp32":
         return
     if device.type == "cuda":

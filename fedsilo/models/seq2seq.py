@@ -30,7 +30,9 @@ from transformers import (
     T5ForConditionalGeneration,
 )
 
-from fedsilo.config import ConfigError, ModelConfig
+from fedsilo.errors import ConfigError
+
+from .settings import ModelConfig
 
 BUILTIN = ("tiny-t5", "minilm2bert", "transformer")
 MAX_POSITIONS = 1024  # sinusoidal (frozen, never federated): a long table costs nothing to train

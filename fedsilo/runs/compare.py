@@ -19,9 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-
-class CompareError(ValueError):
-    """The two runs cannot be compared (different tasks, no test results); the message says why."""
+from fedsilo.errors import CompareError
 
 
 def _metric_rows(results: Any, where: str) -> tuple[dict[tuple[str, str], float | None], str, bool]:

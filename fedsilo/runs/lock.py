@@ -17,7 +17,7 @@ import os
 import uuid
 from pathlib import Path
 
-from .rundir import RunDirError
+from fedsilo.errors import RunDirError, RunLocked
 
 
 _HELD: set["RunLock"] = set()   # the locks this process holds
@@ -32,10 +32,6 @@ def _drop_inherited_locks() -> None:
 
 
 os.register_at_fork(after_in_child=_drop_inherited_locks)
-
-
-class RunLocked(RunDirError):
-    """Another process is writing this run directory."""
 
 
 class RunLock:

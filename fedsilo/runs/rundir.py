@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from fedsilo.config import RunConfig, to_toml
+from fedsilo.errors import RunDirError
 from fedsilo.fileio import atomic_write, atomic_write_bytes
 
 # Keys that may change between a run and its resume without changing its past (more rounds; how the
@@ -22,10 +23,6 @@ from fedsilo.fileio import atomic_write, atomic_write_bytes
 # counts only at equal threads per client (float reductions depend on the thread count).
 RESUMABLE_CHANGES = {("federation", "rounds"), ("engine", "threads"), ("engine", "workers")}
 FAILED = "failed.json"  # why a run stopped (RunFailed); a resume repeats the failure instead of finishing
-
-
-class RunDirError(RuntimeError):
-    """The run directory cannot be used as asked (exists, config differs, corrupt checkpoint)."""
 
 
 def _comparable(cfg: dict) -> dict:

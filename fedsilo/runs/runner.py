@@ -13,11 +13,13 @@ from pathlib import Path
 from fedsilo.client.store import make_store
 from fedsilo.config import RunConfig
 from fedsilo.core.tensors import is_finite
+from fedsilo.errors import RunFailed
 from fedsilo.progress import Display, Progress
 from fedsilo.server import Server, sample_clients
 from fedsilo.tasks.base import NONFINITE, MetricSpec, select_best
 
-from .build import TOKENIZER_DIR, build_model, build_server, build_task, store_root, task_tokenizer
+from fedsilo.recipe import (TOKENIZER_DIR, build_model, build_recipe, build_server, build_task, store_root,
+                            task_tokenizer)
 from .lock import RunLock
 from .rundir import RunDir, RunDirError, config_hash
 
@@ -26,17 +28,6 @@ def _dev_line(spec: MetricSpec, dev: dict) -> str:
     label = next((c.label for c in spec.columns if c.key == spec.primary), spec.primary)
     score = dev.get("score")
     return f", dev {label} {score:.2f}" if score is not None else ""
-
-
-class RunFailed(RuntimeError):
-    """The run cannot go on: rounds in a row applied no update (every client rejected or missing,
-    or a server step that would break the global model). Its checkpoint stays the last good state.
-    `lasting`: the run itself diverged, so a resume would meet it again (recorded, `run_federation`);
-    not when no silo answered at all (they may answer later)."""
-
-    def __init__(self, message: str, lasting: bool = False) -> None:
-        super().__init__(message)
-        self.lasting = lasting
 
 
 def _round_warnings(cfg: RunConfig, record: dict) -> list[str]:
@@ -222,11 +213,13 @@ def run_local(cfg: RunConfig, run: RunDir, resume: bool = False, progress: Progr
     store = make_store(cfg.engine.store, store_root(run.path), run.run_id)
     with warnings.catch_warnings(record=True) as caught:  # e.g. a token cache entry rebuilt
         warnings.simplefilter("always", UserWarning)
-        engine = LocalEngine(cfg, task, model, store)
+        recipe = build_recipe(cfg)
+        engine = LocalEngine(cfg, task, model, store, recipe.plan)
     for message in _surface(caught):
         progress.warn(message)
     try:
-        results = run_federation(cfg, run, engine, build_server(cfg, model), task.spec, task.name, resume, progress,
+        results = run_federation(cfg, run, engine, build_server(cfg, model, recipe), task.spec, task.name, resume,
+                                 progress,
                                  display=getattr(task, "display", None))
     finally:
         engine.close()

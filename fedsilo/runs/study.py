@@ -44,7 +44,7 @@ from typing import Any
 from pydantic import Field
 
 from fedsilo.config import ConfigError, RunConfig, Strict, apply_overrides, validate
-from fedsilo.errors import FedsiloError
+from fedsilo.errors import StudyFailed
 from fedsilo.fileio import atomic_write_bytes
 from fedsilo.progress import Display
 
@@ -61,10 +61,6 @@ RULE = "holds = the means differ by more than the sum of the two standard deviat
 MAX_SEED = 2**63  # RunConfig.seed's bound
 PLAIN_NAME = re.compile(r"\w[\w.+-]*")  # a variant's name is its folder's name
 FAILED = "failed"  # the cells of a variant whose run failed
-
-
-class StudyFailed(FedsiloError):
-    """Some of a study's runs failed: the others are compared, the failed ones shown as failed."""
 
 
 class StudySettings(Strict):

@@ -24,7 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from fedsilo.client.store import tensor_digest
+from fedsilo.core.tensors import tensor_digest
 from fedsilo.fileio import atomic_write_bytes
 
 Row = dict[str, torch.Tensor]  # field → 1-D tensor of one example (ids, or per-token values)

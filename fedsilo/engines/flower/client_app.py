@@ -16,9 +16,10 @@ from flwr.clientapp import ClientApp
 from fedsilo.client.silo import SiloClient
 from fedsilo.client.store import DiskStore
 from fedsilo.config import ConfigError, RunConfig, validate
+from fedsilo.core.transforms import SiloRefused
 from fedsilo.models.precision import autocast
 
-from .codec import from_arrays, rows_to_record, update_to_content
+from .codec import from_arrays, refusal_to_content, rows_to_record, update_to_content
 
 app = ClientApp()
 
@@ -51,7 +52,7 @@ def silo_name(cfg: RunConfig, node_config: dict) -> str:
 
 def silo_for(message: Message, context: Context) -> Silo:
     """Build (once per process) this silo's task, model and client from the run's config."""
-    from fedsilo.runs.build import build_client, build_model, build_task, exchange_plan, initial_private
+    from fedsilo.recipe import build_client, build_model, build_task, exchange_plan, initial_private
 
     conf = message.content["config"]
     text = str(conf["config"])
@@ -68,9 +69,9 @@ def silo_for(message: Message, context: Context) -> Silo:
         model, tokenizer = build_model(own)
         task = build_task(own, tokenizer, clients=[name])
         store = DiskStore(Path(root) / str(conf["run-key"]), str(conf["run-key"]))  # the run key is its run id
+        plan = exchange_plan(cfg)
         client = build_client(cfg, task, model, store, name, cfg.task.client_names().index(name),
-                              task.examples(name, "train"), cfg.client_config(name),
-                              initial_private(model, exchange_plan(cfg)))
+                              task.examples(name, "train"), cfg.client_config(name), initial_private(model, plan), plan)
         _SILOS[key] = Silo(cfg, name, task, client, store)
     return _SILOS[key]
 
@@ -91,7 +92,10 @@ def train(message: Message, context: Context) -> Message:
     silo.store.truncate(round_idx - 1)  # state of an unfinished earlier attempt at this round
     silo.store.prune([int(r) for r in conf["keep"]] + [round_idx - 1])
     silo.store.set_round(round_idx)
-    update = silo.client.fit(round_idx, from_arrays(message.content["arrays"]), silo.cfg.seed)
+    try:
+        update = silo.client.fit(round_idx, from_arrays(message.content["arrays"]), silo.cfg.seed)
+    except SiloRefused as err:  # the silo's own check: no arrays in the reply, only why
+        return Message(refusal_to_content(str(err), silo.name), reply_to=message)
     return Message(update_to_content(update, silo.name), reply_to=message)
 
 

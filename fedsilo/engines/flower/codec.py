@@ -8,7 +8,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from fedsilo.core.tensors import Tensors
-from fedsilo.server import ClientUpdate
+from fedsilo.core.messages import ClientUpdate
 
 
 def to_arrays(tensors: Tensors) -> ArrayRecord:
@@ -28,6 +28,9 @@ def _num(x: float | None) -> float:
     return float("nan") if x is None else float(x)
 
 
+_NAMED = {"term": "terms", "personal": "personal_terms", "phase": "phase_seconds"}  # wire prefix → field
+
+
 def update_to_content(update: ClientUpdate, silo: str) -> RecordDict:
     steps, values = zip(*update.losses) if update.losses else ((), ())
     return RecordDict({
@@ -35,10 +38,26 @@ def update_to_content(update: ClientUpdate, silo: str) -> RecordDict:
         "metrics": MetricRecord({
             "n_examples": update.n_examples, "steps": update.steps, "seconds": update.seconds,
             "loss_steps": [int(s) for s in steps], "loss_values": [float(v) for v in values],
-            **{f"stat:{k}": _num(v) for k, v in update.stats.items()},
+            "delta_loss": _num(update.delta_loss), "mean_loss": _num(update.mean_loss),
+            **({"lr_last": _num(update.lr_last)} if update.lr_last is not None else {}),
+            **{f"{prefix}:{k}": _num(v) for prefix, values in _NAMED.items()
+               for k, v in getattr(update, values).items()},
         }),
         "silo": ConfigRecord({"name": silo}),
+        **({"transforms": ConfigRecord({"records": json.dumps(update.transforms)})} if update.transforms else {}),
     })
+
+
+def refusal_to_content(reason: str, silo: str) -> RecordDict:
+    """A silo's answer when its own check refused the round: the reason, no tensors."""
+    return RecordDict({"refused": ConfigRecord({"reason": reason}), "silo": ConfigRecord({"name": silo})})
+
+
+def refusal_in(content: RecordDict) -> str | None:
+    """The reason a silo refused the round, or None for an update."""
+    if "refused" in content and isinstance(content["refused"], ConfigRecord):
+        return str(content["refused"].get("reason", "no reason given"))
+    return None
 
 
 class MalformedReply(ValueError):
@@ -71,15 +90,31 @@ def content_to_update(content: RecordDict) -> ClientUpdate:
     try:
         return ClientUpdate(
             tensors=tensors, n_examples=count(m["n_examples"]),
-            stats={k[5:]: float(v) for k, v in m.items() if k.startswith("stat:")},
             steps=count(m["steps"]),
             losses=list(zip((int(s) for s in steps), (float(v) for v in values))),
             seconds=float(m["seconds"]),
+            delta_loss=float(m.get("delta_loss", math.nan)), mean_loss=float(m.get("mean_loss", math.nan)),
+            lr_last=float(m["lr_last"]) if "lr_last" in m else None,
+            **{field: {k[len(prefix) + 1:]: float(v) for k, v in m.items() if k.startswith(prefix + ":")}
+               for prefix, field in _NAMED.items()},
+            transforms=_transforms(content),
         )
     except MalformedReply:
         raise
     except (TypeError, ValueError, OverflowError) as err:
         raise MalformedReply(f"unreadable metrics: {err}") from None
+
+
+def _transforms(content: RecordDict) -> list[dict]:
+    if "transforms" not in content:
+        return []
+    try:
+        records = json.loads(str(content["transforms"]["records"]))
+    except (KeyError, TypeError, ValueError) as err:
+        raise MalformedReply(f"unreadable transform records: {err}") from None
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise MalformedReply("transform records are not a list of tables")
+    return records
 
 
 def rows_to_record(rows: list[dict]) -> ConfigRecord:

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from fedsilo.errors import DeploymentError
+
 APP_PYPROJECT = """\
 [project]
 name = "fedsilo-app"
@@ -39,7 +41,7 @@ dependencies = []
 publisher = "fedsilo"
 
 [tool.flwr.app.components]
-serverapp = "fedsilo.engines.flower.server_app:app"
+serverapp = "fedsilo.runs.flower:app"
 clientapp = "fedsilo.engines.flower.client_app:app"
 
 [tool.flwr.app.config]
@@ -49,10 +51,6 @@ resume = false
 set = ""
 lock = ""
 """
-
-
-class DeploymentError(RuntimeError):
-    """A deployment that could not start or ended without results; the message quotes its log."""
 
 
 def free_port() -> int:

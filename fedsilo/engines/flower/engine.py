@@ -1,22 +1,23 @@
-"""The Flower ServerApp: fedsilo's runner and Server, with Flower carrying the messages.
+"""The Flower engine: a round's payloads to the silos' SuperNodes and their updates back, over a
+Flower Grid (simulation or deployment alike). The ServerApp that drives it is fedsilo.runs.flower.
 
-The server process never opens client data: it builds the model only for its initial weights, and
-learns each silo's name and size from the silos themselves (a `describe` query).
+The server never opens client data: it learns each silo's name and size from the silos themselves
+(a `describe` query).
 """
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
-from pathlib import Path
 
-from flwr.app import ConfigRecord, Context, Message, RecordDict
-from flwr.serverapp import Grid, ServerApp
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.serverapp import Grid
 
-from fedsilo.config import ConfigError, RunConfig, load_config, to_toml
-from fedsilo.progress import Display, Progress
+from fedsilo.config import RunConfig, to_toml
+from fedsilo.errors import ConfigError, RunFailed
+from fedsilo.progress import Progress
 from fedsilo.server import Server
 
-from .codec import MalformedReply, count, carried_bytes, content_to_rows, content_to_update, to_arrays
+from .codec import (MalformedReply, carried_bytes, content_to_rows, content_to_update, count, refusal_in,
+                    to_arrays)
 
 
 class FlowerEngine:
@@ -108,8 +109,12 @@ class FlowerEngine:
             if silo in replies:
                 reply = replies[silo].content
                 try:
-                    reason = server.receive(silo, content_to_update(reply))
-                    flower_bytes[silo] = (carried_bytes(reply["arrays"]), carried_bytes(sent[silo]))
+                    refused = refusal_in(reply)
+                    if refused is not None:
+                        reason = server.reject(silo, f"refused by the silo: {refused}", key="refused")
+                    else:
+                        reason = server.receive(silo, content_to_update(reply))
+                        flower_bytes[silo] = (carried_bytes(reply["arrays"]), carried_bytes(sent[silo]))
                 except MalformedReply as err:
                     reason = server.reject(silo, str(err))
                 if reason and progress:
@@ -129,8 +134,6 @@ class FlowerEngine:
         content = RecordDict({"arrays": to_arrays(server.params),
                               "config": self._config(split=split, final=final, **{"state-round": self.state_round})})
         names = self.client_names
-        from fedsilo.runs.runner import RunFailed
-
         replies, missing = self._exchange(names, "evaluate", {s: content for s in names}, f"eval-{split}")
         rows = []
         for silo in names:
@@ -166,64 +169,3 @@ class FlowerEngine:
 
     def load_state_dict(self, state: dict) -> None:
         self.state_round = int(state["store"]["round"])
-
-
-def serve(grid: Grid, cfg: RunConfig, out: Path, resume: bool, show_progress: Display = True,
-          lock_token: str = "") -> dict:
-    """The whole run (rounds, selection, test, report) with Flower carrying the messages.
-
-    One writer per run directory: the run holds its lock unless `lock_token` shows that the process
-    which submitted it (`fedsilo deploy`) holds it already."""
-    from fedsilo.runs.lock import RunLock, held_for
-
-    with nullcontext() if held_for(out, lock_token) else RunLock(out):
-        return _serve(grid, cfg, out, resume, show_progress)
-
-
-def _serve(grid: Grid, cfg: RunConfig, out: Path, resume: bool, show_progress: Display) -> dict:
-    from fedsilo.runs.build import build_model, build_server
-    from fedsilo.runs.report import write_report
-    from fedsilo.runs.rundir import RunDir
-    from fedsilo.runs.runner import run_federation
-    from fedsilo.tasks import TASKS
-
-    run = RunDir(out)
-    run.prepare(cfg, resume)  # fails before any silo is contacted if the run dir is unusable
-    model, _ = build_model(cfg)  # the same builder as the silos: initial weights only, no client data
-    engine = FlowerEngine(grid, cfg, run_key=run.run_id())
-    spec = TASKS.get(cfg.task.name).spec()
-    with Progress(enabled=show_progress) as progress:
-        results = run_federation(cfg, run, engine, build_server(cfg, model), spec, cfg.task.name, resume,
-                                 progress)
-    write_report(out)
-    return results
-
-
-def make_server_app(cfg: RunConfig, out: Path, resume: bool = False, show_progress: Display = True) -> ServerApp:
-    """A ServerApp bound to one fedsilo config (simulation from Python, `fedsilo run --engine flower-sim`).
-
-    A run directory in use by another run is refused here, before Flower starts its workers."""
-    from fedsilo.runs.lock import RunLock
-
-    with RunLock(out):
-        pass
-    server_app = ServerApp()
-
-    @server_app.main()
-    def main(grid: Grid, context: Context) -> None:
-        serve(grid, cfg, out, resume, show_progress)
-
-    return server_app
-
-
-app = ServerApp()
-
-
-@app.main()
-def main(grid: Grid, context: Context) -> None:
-    """For `flwr run` / deployment: run config keys `config` (TOML path), `out`, `resume`, `set`, and
-    `lock` (the token of the run-directory lock `fedsilo deploy` holds for this run)."""
-    rc = context.run_config
-    cfg = load_config(str(rc["config"]), [s for s in str(rc.get("set", "")).split(";") if s])
-    out = Path(str(rc.get("out") or Path(cfg.out_dir) / cfg.name))
-    serve(grid, cfg, out, bool(rc.get("resume", False)), show_progress=False, lock_token=str(rc.get("lock", "")))

@@ -1,11 +1,14 @@
-"""One place that turns a config into the parts of a run, for every engine.
+"""A validated config turned into the parts of a run, once, for every engine.
 
-The in-process engine, the Flower ServerApp (model only: it never opens client data) and the Flower
-ClientApp (one silo's data) all build through these functions, so they start from the same model,
-the same surgery and the same exchange plan.
+`build_recipe` resolves each policy the config names (Registry.resolve: the entry's implementation
+with its options validated) into a frozen `Recipe`; the server, the aggregator, the exchange plan and
+the clients hold those objects, never a name to look up again. The in-process engine, the Flower
+ServerApp (model only: it never opens client data) and the Flower ClientApp (one silo's data) all
+build through these functions, so they start from the same model, surgery, plan and policies.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -14,28 +17,43 @@ from fedsilo.client.hooks import ROUND_HOOKS
 from fedsilo.client.silo import SiloClient, federated_parameters, load_tensors
 from fedsilo.client.store import ClientStore
 from fedsilo.config import RunConfig
-from fedsilo.core.exchange import ExchangePlan
+from fedsilo.core.aggregate import AGGREGATIONS, Aggregation
+from fedsilo.core.exchange import DOWNLOADS, OVERWRITES, SELECTORS, ExchangePlan, matches
 from fedsilo.core.server_opt import ServerOptimizer
 from fedsilo.core.tensors import Tensors
+from fedsilo.core.transforms import UPLOAD_TRANSFORMS
+from fedsilo.core.weighting import WEIGHTINGS, WeightingPolicy
+from fedsilo.errors import ConfigError
 from fedsilo.models import MODEL_KINDS, SURGERIES
 from fedsilo.models.precision import check_precision, set_tf32
+from fedsilo.registry import Policy
+from fedsilo.runs.rundir import init_tensors
 from fedsilo.server import Server
 from fedsilo.tasks import TASKS
 from fedsilo.tasks.tokens import default_cache_dir
 
 
+@dataclass(frozen=True)
+class Recipe:
+    """The run's federation policies, resolved once from its config."""
+    plan: ExchangePlan                      # shared/private globs; upload selector, download, overwrite
+    weighting: Policy[WeightingPolicy]
+    statistic: str | None                   # what the weighting reads (None: the policy's default)
+    aggregation: Policy[Aggregation]
+
+
+def build_recipe(cfg: RunConfig) -> Recipe:
+    f = cfg.federation
+    return Recipe(exchange_plan(cfg), WEIGHTINGS.resolve(f.weighting), f.weighting_stat,
+                  AGGREGATIONS.resolve(f.aggregation, f.aggregation_options, "federation.aggregation_options"))
+
+
 def exchange_plan(cfg: RunConfig) -> ExchangePlan:
     x = cfg.exchange
-    options = None
-    settings = _selector_settings(x.upload)
-    if settings is not None:
-        options = settings.model_validate(x.upload_options)
-    return ExchangePlan(tuple(x.shared), tuple(x.private), x.upload, options, x.download, x.overwrite)
-
-
-def _selector_settings(name: str):
-    from fedsilo.core.exchange import SELECTORS
-    return SELECTORS.entry(name).settings
+    return ExchangePlan(tuple(x.shared), tuple(x.private),
+                        SELECTORS.resolve(x.upload, x.upload_options, "exchange.upload_options"),
+                        DOWNLOADS.resolve(x.download), OVERWRITES.resolve(x.overwrite),
+                        UPLOAD_TRANSFORMS.resolve_chain(x.upload_transforms, "exchange.upload_transforms"))
 
 
 def model_config(cfg: RunConfig):
@@ -77,7 +95,6 @@ def build_model(cfg: RunConfig) -> tuple[torch.nn.Module, object]:
         SURGERIES.get(mcfg.surgery.name)(model, mcfg.surgery.settings(), cfg.seed)
         model.to(device)
     if mcfg.init_from:
-        from .rundir import init_tensors
         load_tensors(model, init_tensors(mcfg.init_from, federated_parameters(model)))
     device = next(model.parameters()).device
     check_precision(mcfg.precision, device)
@@ -104,9 +121,6 @@ def initial_private(model: torch.nn.Module, plan: ExchangePlan) -> Tensors:
 
 def check_plan(model: torch.nn.Module, plan: ExchangePlan) -> None:
     """Globs that match no tensor are a config mistake, not a silent no-op."""
-    from fedsilo.config import ConfigError
-    from fedsilo.core.exchange import matches
-
     names = list(federated_parameters(model))
     for key, patterns in (("exchange.shared", plan.shared), ("exchange.private", plan.private)):
         for p in patterns:
@@ -116,20 +130,20 @@ def check_plan(model: torch.nn.Module, plan: ExchangePlan) -> None:
         raise ConfigError("exchange: no tensor is shared (every tensor is private)")
 
 
-def build_server(cfg: RunConfig, model: torch.nn.Module) -> Server:
-    """The server over the model's shared tensors, as the config's exchange plan splits them."""
-    plan = exchange_plan(cfg)
-    check_plan(model, plan)
+def build_server(cfg: RunConfig, model: torch.nn.Module, recipe: Recipe | None = None) -> Server:
+    """The server over the model's shared tensors, as the recipe's exchange plan splits them."""
+    recipe = recipe or build_recipe(cfg)
+    check_plan(model, recipe.plan)
     params = federated_parameters(model)
-    shared, _ = plan.split(params)
+    shared, _ = recipe.plan.split(params)
     s = cfg.server
     opt = ServerOptimizer(s.optimizer, s.effective_lr, s.momentum, s.beta1, s.beta2, s.tau, v0=s.v0,
                           bias_correction=s.bias_correction)
     f = cfg.federation
-    return Server({k: params[k].detach() for k in shared}, opt, f.weighting, plan, f.weighting_stat,
-                  aggregation=f.aggregation, aggregation_options=f.aggregation_options,
-                  max_client_weight=f.max_client_weight, max_weight_ratio=_on(f.max_weight_ratio),
-                  clip_norm=f.clip_norm, max_update_ratio=_on(f.max_update_ratio), max_step_ratio=_on(f.max_step_ratio))
+    return Server({k: params[k].detach() for k in shared}, opt, recipe.weighting, recipe.plan, recipe.statistic,
+                  aggregation=recipe.aggregation, max_client_weight=f.max_client_weight,
+                  max_weight_ratio=_on(f.max_weight_ratio), clip_norm=f.clip_norm,
+                  max_update_ratio=_on(f.max_update_ratio), max_step_ratio=_on(f.max_step_ratio))
 
 
 def _on(limit: float | str) -> float | None:
@@ -145,9 +159,7 @@ def members(cfg: RunConfig, task) -> list[tuple[str, list, object]]:
 
 
 def build_client(cfg: RunConfig, task, model, store: ClientStore, name: str, index: int, examples,
-                 client_cfg, initial: Tensors) -> SiloClient:
-    from fedsilo.config import ConfigError
-
+                 client_cfg, initial: Tensors, plan: ExchangePlan | None = None) -> SiloClient:
     if not examples:
         raise ConfigError(f"client {name!r} has no training examples")
     hook = client_cfg.before_training and ROUND_HOOKS.get(client_cfg.before_training)
@@ -156,7 +168,7 @@ def build_client(cfg: RunConfig, task, model, store: ClientStore, name: str, ind
         raise ConfigError(f"client.before_training = {client_cfg.before_training!r}: the {task.name} task "
                           f"does not offer it ({protocol.__name__})")
     try:
-        return SiloClient(name, index, examples, task, client_cfg, model, exchange_plan(cfg), store, initial,
+        return SiloClient(name, index, examples, task, client_cfg, model, plan or exchange_plan(cfg), store, initial,
                           persist_optimizer=cfg.persist_optimizer,
                           token_cache=default_cache_dir() if cfg.engine.token_cache else None,
                           precision=cfg.model.precision, rounds=cfg.federation.rounds)
@@ -164,13 +176,15 @@ def build_client(cfg: RunConfig, task, model, store: ClientStore, name: str, ind
         raise ConfigError(f"client.objective = {client_cfg.objective!r}: {err}") from None
 
 
-def build_clients(cfg: RunConfig, task, model, store: ClientStore,
-                  initial: Tensors | None = None) -> dict[str, SiloClient]:
+def build_clients(cfg: RunConfig, task, model, store: ClientStore, initial: Tensors | None = None,
+                  plan: ExchangePlan | None = None) -> dict[str, SiloClient]:
     """Every participant over the one working `model` (members' order: the silo index of each),
-    sharing one copy of the `initial` private tensors (taken from the model when not given)."""
+    sharing one exchange plan and one copy of the `initial` private tensors (taken from the model
+    when not given)."""
+    plan = plan or exchange_plan(cfg)
     if initial is None:
-        initial = initial_private(model, exchange_plan(cfg))
-    return {name: build_client(cfg, task, model, store, name, i, examples, ccfg, initial)
+        initial = initial_private(model, plan)
+    return {name: build_client(cfg, task, model, store, name, i, examples, ccfg, initial, plan)
             for i, (name, examples, ccfg) in enumerate(members(cfg, task))}
 
 

@@ -1,0 +1,129 @@
+"""`[client]`: how a silo trains each round (the client layer's own settings; fedsilo.config
+composes them into the run's config, with per-silo overrides)."""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from fedsilo.core.transforms import SILO_CHECKS
+from fedsilo.settings import FiniteFloat, SectionError, Strict, choice
+
+from .batching import BATCH_ORDERS
+from .hooks import ROUND_HOOKS
+from .objective import CLIENT_OBJECTIVES, REGULARIZERS
+from .optim import CLIENT_OPTIMIZERS
+from .schedule import LR_SCHEDULES, Span
+
+
+class PersonalConfig(Strict):
+    """Ditto (Li et al. 2021): a personal model v per client, trained after the federated update on
+    the same data with λ/2·‖v − w_global‖² added."""
+    coef: FiniteFloat = Field(0.1, ge=0, description="λ of the personal regulariser")
+    epochs: int = Field(1, gt=0, description="passes over the client's data per round")
+    lr: FiniteFloat | None = Field(None, gt=0, description="None: client.lr")
+
+
+class ClientConfig(Strict):
+    epochs: int = Field(1, gt=0)
+    steps: int | None = Field(None, gt=0, description="optimiser steps per round, passes over the data "
+                                                      "repeated as needed (the paper's 10K-step rounds); "
+                                                      "None: `epochs` full passes")
+    lr: FiniteFloat = Field(1e-3, gt=0)
+    private_lr: FiniteFloat | None = Field(
+        None, gt=0, description="learning rate of the tensors the client keeps (exchange.private: FedMatch's "
+                                "patches, FedPer's head); None: `lr`")
+    lr_schedule: choice(LR_SCHEDULES) = Field(
+        "constant", description="constant, linear (warm-up, then linear decay to 0: Hugging Face's "
+                                "get_linear_schedule_with_warmup) or cosine (warm-up, then cosine decay to 0); "
+                                "it scales each group's rate (private_lr too), per optimiser step")
+    warmup: FiniteFloat = Field(0.0, description="warm-up, a fraction of the schedule's steps in [0, 1) "
+                                                 "(the Trainer's warmup_ratio: ceil(fraction × steps))")
+    # `run` by default: a paper's "warm up, then decay over training" is over all of training, which a
+    # federation splits into rounds; restarting per round would re-warm and re-decay every round.
+    schedule_span: Span = Field(
+        "run", description="run: one schedule over the client's rounds × its steps per round, at its own "
+                           "steps done (warm-up once, decay to 0 by the last round); round: restart each round. "
+                           "A personal model (Ditto) restarts its schedule every round")
+    batch_size: int = Field(8, gt=0)
+    grad_accum: int = Field(1, gt=0, lt=2**63, description="batches per optimiser step (the Lorar authors: 16)")
+    optimizer: choice(CLIENT_OPTIMIZERS) = "adafactor"
+    weight_decay: FiniteFloat = Field(0.0, ge=0)
+    logging_steps: int = Field(4, gt=0, description="ΔL windows, in optimiser steps")
+    batching: choice(BATCH_ORDERS) = Field(
+        "length_grouped", description="batch order: length_grouped (similar lengths batched together inside "
+                                      "shuffled windows: less padding) or shuffle (a plain random permutation, "
+                                      "the Hugging Face Trainer's sampler)")
+    length_window: int | None = Field(None, gt=0, description="batches per length-sorted window; None: the "
+                                                              "Trainer's rule, n/(4·batch_size) capped at 50")
+    max_grad_norm: FiniteFloat = Field(1.0, ge=0, description="0 disables clipping")
+    regularizers: dict[str, FiniteFloat] = Field(
+        default_factory=dict, description="name → coefficient, e.g. {prox = 1e-4} (FedProx μ)")
+    tracked_terms: list[str] | None = Field(
+        None, description="objective terms summed into the logged loss (ΔL, mean loss); None: all")
+    before_training: choice(ROUND_HOOKS) | None = Field(None, description="a round hook run before local training")
+    hook_options: dict[str, Any] = Field(default_factory=dict, description="the hook's settings, e.g. "
+                                         "{weighting = \"energy\", top_k = 7} for pseudo_labels")
+    pseudo_source: Literal["global", "own"] = Field("global", description="which model a hook labels with")
+    objective: choice(CLIENT_OBJECTIVES) = Field(
+        "task", description="task: the task's loss terms; meta_weighting: pseudo examples weighted by a "
+                            "meta-gradient on the annotated batch (Ren et al. 2018)")
+    personal: PersonalConfig | None = Field(
+        None, description="Ditto: after its federated update, the client trains a personal model of its own, "
+                          "regularised toward the received global model; evaluation uses it")
+    upload_checks: list[dict[str, Any]] = Field(
+        default_factory=list, description="the silo's own checks of each round's instructions before it trains, e.g. "
+                                          "[{name = \"require_clip\", max_norm = 1.0}]: a check that fails refuses the "
+                                          "round, and nothing leaves the silo (fedsilo.core.transforms)")
+    persist_optimizer: bool | None = Field(
+        None, description="keep optimiser state across rounds; None: yes unless federated")
+
+    @field_validator("warmup")
+    @classmethod
+    def _warmup_fraction(cls, v: float) -> float:
+        if not 0 <= v < 1:
+            raise ValueError(f"must be a fraction of the schedule's steps in [0, 1), e.g. 0.1; got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _warmup_needs_schedule(self) -> "ClientConfig":
+        if self.warmup and self.lr_schedule == "constant":  # it would silently change nothing
+            raise ValueError("warmup: set, but lr_schedule = \"constant\" has no warm-up "
+                             "(choose lr_schedule = \"linear\" or \"cosine\")")
+        return self
+
+    @field_validator("regularizers")
+    @classmethod
+    def _known_regularizers(cls, v: dict[str, float]) -> dict[str, float]:
+        for name, coef in v.items():
+            REGULARIZERS.check(name)
+            if coef < 0:
+                raise ValueError(f"regularizer {name!r}: coefficient must be ≥ 0")
+        return v
+
+    @model_validator(mode="after")
+    def _hook_options(self) -> "ClientConfig":
+        if not self.before_training:
+            if self.hook_options:
+                raise ValueError("hook_options: set, but there is no before_training hook")
+            return self
+        try:
+            self.hook_settings()
+        except SectionError as err:  # a plain ValueError: the outer validation prefixes client. or clients.<silo>.
+            raise ValueError(str(err)) from None
+        return self
+
+    @field_validator("upload_checks")
+    @classmethod
+    def _checks(cls, v: list) -> list:
+        try:
+            SILO_CHECKS.resolve_chain(v, "upload_checks")
+        except SectionError as err:  # a plain ValueError: the outer validation prefixes client. or clients.<silo>.
+            raise ValueError(str(err)) from None
+        return v
+
+    def hook_settings(self):
+        """The validated options of the round hook (None: there is none, or it takes no options)."""
+        if not self.before_training:
+            return None
+        return ROUND_HOOKS.resolve(self.before_training, self.hook_options, "hook_options").options

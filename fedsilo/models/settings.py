@@ -1,0 +1,59 @@
+"""`[model]`: which model a run builds, and how (the model layer's own settings; fedsilo.config
+composes them into the run's config)."""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from fedsilo.settings import SectionError, Strict, choice
+
+from . import MODEL_KINDS, SURGERIES
+
+
+class SurgeryConfig(Strict):
+    """`[model.surgery]`: a registered model surgery and its options (validated by the surgery)."""
+    name: choice(SURGERIES)
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _options(self) -> "SurgeryConfig":
+        self.settings()
+        return self
+
+    def settings(self):
+        """The surgery's validated options (None: it takes none)."""
+        return SURGERIES.resolve(self.name, self.options, "model.surgery.options").options
+
+
+class ModelConfig(Strict):
+    kind: choice(MODEL_KINDS) | None = Field(None, description="seq2seq | encoder; default: the task's")
+    name: str | None = Field(None, description="a built-in model name or a local HF checkpoint folder; "
+                                               "default: the task's")
+    # Upper bounds above any published model's (GPT-3: 12288, T5-11B d_ff 65536): beyond them a value is
+    # a typo, and torch overflows or the machine runs out of memory.
+    d_model: int = Field(128, gt=0, le=2**14)
+    d_ff: int = Field(256, gt=0, le=2**18)
+    num_layers: int = Field(2, gt=0, le=1024)
+    num_decoder_layers: int = Field(2, gt=0, le=1024)
+    num_heads: int = Field(4, gt=0, le=1024)
+    dropout: float = Field(0.1, ge=0, lt=1)
+    device: str = Field("auto", description="auto: cuda when available, else cpu; or any torch device")
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32", description="client training and evaluation under autocast (bf16, or fp16 with a grad scaler); "
+                            "weights, server aggregation and the server optimiser stay fp32")
+    tf32: bool = Field(True, description="TF32 matmuls on CUDA (Ampere or newer): fp32 weights, faster matmuls")
+    surgery: SurgeryConfig | None = None
+    init_from: str | None = Field(None, description="start from this run directory's best.pt (the global "
+                                                    "model) or a checkpoint file, e.g. a generic engine")
+
+    @model_validator(mode="after")
+    def _surgery_fits_model(self) -> "ModelConfig":
+        # A surgery may refuse a model by kind and name before it is built (patches: no seq2seq model).
+        check = getattr(SURGERIES.entry(self.surgery.name).settings, "check_model", None) if self.surgery else None
+        if check is not None:
+            try:
+                check(self.kind, self.name)
+            except ValueError as err:
+                raise SectionError(f"model.surgery: {err}") from None
+        return self
