@@ -15,16 +15,17 @@ from typing import Any, Literal
 from pydantic import SerializeAsAny, ValidationError, ValidationInfo, create_model, field_validator, model_validator
 from pydantic import Field
 
-from fedsilo.client import pseudo as _pseudo  # noqa: F401  (registers the pseudo_labels hook)
+from fedsilo import builtins  # noqa: F401  (fills every registry a config names from)
 from fedsilo.client.settings import ClientConfig
 from fedsilo.core.aggregate import AGGREGATIONS, ROBUST_MIN_CLIENTS
 from fedsilo.core.exchange import DOWNLOADS, OVERWRITES, SELECTORS
 from fedsilo.core.messages import STATISTICS, is_statistic
-from fedsilo.core.server_opt import SERVER_OPTIMIZERS
+from fedsilo.core.server_opt import BIAS_CORRECTIONS, SERVER_OPTIMIZERS
 from fedsilo.core.transforms import UPLOAD_TRANSFORMS
 from fedsilo.core.weighting import WEIGHTINGS
 from fedsilo.errors import ConfigError
 from fedsilo.models.settings import ModelConfig
+from fedsilo.paradigms import PARADIGMS, Paradigm
 from fedsilo.settings import FiniteFloat, Limit, SectionError, Strict, choice, where_what
 from fedsilo.tasks import TASKS, TaskSettings
 
@@ -100,15 +101,22 @@ class ServerConfig(Strict):
     beta2: float = Field(0.99, ge=0, lt=1)
     tau: FiniteFloat = Field(1e-3, gt=0)
     v0: FiniteFloat | None = Field(None, ge=0, description="initial second moment; None: tau² (Reddi et al.)")
-    bias_correction: Literal["none", "adam", "flower"] = Field(
+    bias_correction: choice(BIAS_CORRECTIONS) = Field(
         "none", description="Adam's step size: none (Reddi et al.), adam (Kingma & Ba: t = server step), "
                             "flower (Flower 1.41's FedAdam: t = round + 1)")
 
+    @model_validator(mode="after")
+    def _correction_is_read(self) -> "ServerConfig":
+        # A correction the optimiser never reads would silently change nothing.
+        if self.bias_correction != "none" and not SERVER_OPTIMIZERS.get(self.optimizer).bias_corrected:
+            raise ValueError(f"bias_correction = {self.bias_correction!r}: the {self.optimizer!r} server optimizer "
+                             "does not read it (only adam does, as in Reddi et al. and Flower)")
+        return self
+
     @property
     def effective_lr(self) -> float:
-        if self.lr is not None:
-            return self.lr
-        return 1.0 if self.optimizer in ("fedavg", "sgdm") else 0.01
+        """The configured lr, else the optimiser's own default (1.0 for fedavg/sgdm, 0.01 adaptive)."""
+        return self.lr if self.lr is not None else SERVER_OPTIMIZERS.get(self.optimizer).default_lr
 
 
 class ExchangeConfig(Strict):
@@ -171,7 +179,8 @@ class RunConfig(Strict):
                                "validated: they register the user's own tasks, policies, hooks")
     name: str = "run"
     seed: int = Field(0, ge=0, lt=2**63)
-    paradigm: Literal["federated", "finetune", "centralized"] = "federated"
+    paradigm: choice(PARADIGMS) = Field("federated", description="how the silos take part: federated, finetune "
+                                        "(each alone) or centralized (their data pooled); fedsilo.paradigms")
     out_dir: str = "runs"
     task: SerializeAsAny[TaskSettings] = Field(default_factory=lambda: task_settings({}))
     model: ModelConfig = ModelConfig()
@@ -210,7 +219,7 @@ class RunConfig(Strict):
     def _robust_rule_has_clients(self) -> "RunConfig":
         # The median of 2 is their mean and a trimmed mean of 2 trims nothing: refuse, do not pretend.
         f = self.federation
-        if self.paradigm != "federated" or AGGREGATIONS.get(f.aggregation).weighted:
+        if not self.participation.federates or AGGREGATIONS.get(f.aggregation).weighted:
             return self
         silos = len(self.task.client_names())
         per_round = min(silos, f.sample_count or max(1, round(f.sample_fraction * silos)))
@@ -225,7 +234,7 @@ class RunConfig(Strict):
     def _private_lr_has_tensors(self) -> "RunConfig":
         # A rate for kept tensors when nothing is kept would silently change nothing.
         rates = [self.client.private_lr, *(o.private_lr for o in self.clients.values())]
-        if any(r is not None for r in rates) and not (self.paradigm == "federated" and self.exchange.private):
+        if any(r is not None for r in rates) and not (self.participation.federates and self.exchange.private):
             raise ValueError("client.private_lr: set for the tensors a client keeps, but this run keeps none "
                              "(it needs paradigm = \"federated\" and exchange.private patterns)")
         return self
@@ -234,7 +243,12 @@ class RunConfig(Strict):
     def persist_optimizer(self) -> bool:
         if self.client.persist_optimizer is not None:
             return self.client.persist_optimizer
-        return self.paradigm != "federated"
+        return not self.participation.federates
+
+    @property
+    def participation(self) -> Paradigm:
+        """The paradigm's entry: what the engine does differently for it."""
+        return PARADIGMS.get(self.paradigm)
 
     def client_config(self, client: str) -> ClientConfig:
         override = self.clients.get(client)

@@ -153,7 +153,7 @@ def _on(limit: float | str) -> float | None:
 
 def members(cfg: RunConfig, task) -> list[tuple[str, list, object]]:
     """(name, training examples, client config) per participant; one pooled client when centralized."""
-    if cfg.paradigm == "centralized":
+    if cfg.participation.pools_silos:
         return [("pooled", [e for c in task.clients for e in task.examples(c, "train")], cfg.client)]
     return [(c, task.examples(c, "train"), cfg.client_config(c)) for c in task.clients]
 

@@ -92,7 +92,7 @@ def test_resume_equals_an_uninterrupted_run(ffw, data, tmp_path):
 
 
 def test_pseudo_labels_come_from_the_labelling_model_with_energy_weights(data):
-    from fedsilo.client.hooks import HookContext, ROUND_HOOKS
+    from fedsilo.client.hooks import PSEUDO_SOURCES, HookContext, ROUND_HOOKS
     from fedsilo.client.pseudo import PseudoSettings, token_weights
 
     cfg = validate(mtoy.config(data))
@@ -100,7 +100,8 @@ def test_pseudo_labels_come_from_the_labelling_model_with_energy_weights(data):
     task = build_task(cfg, tokenizer)
     examples = task.examples("client_1", "train")[:5]
     received = {n: p.detach().clone() for n, p in model.named_parameters()}
-    ctx = HookContext("client_1", 1, 0, model, examples, received, {}, "global", task, PseudoSettings(top_k=3))
+    ctx = HookContext("client_1", 1, 0, model, examples, received, {}, PSEUDO_SOURCES.resolve("global"), task,
+                      PseudoSettings(top_k=3))
     out = ROUND_HOOKS.get("pseudo_labels")(ctx)
     assert [e.source for e in out] == [e.source for e in examples] and all(e.pseudo for e in out)
     for e in out:

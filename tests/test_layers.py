@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("tasks", ("fedsilo.datafetch", "fedsilo.tasks")),
     ("client", ("fedsilo.client",)),
     ("server", ("fedsilo.server",)),
-    ("config", ("fedsilo.config",)),
+    ("config", ("fedsilo.config", "fedsilo.builtins")),
     ("recipe", ("fedsilo.recipe", "fedsilo.runs.rundir", "fedsilo.runs.lock", "fedsilo.runs.records")),
     ("engines", ("fedsilo.engines",)),
     ("runs", ("fedsilo.runs", "fedsilo.apps")),

@@ -136,3 +136,39 @@ def test_finetune_keeps_optimizer_state_across_rounds(tmp_path):
     state = store.get("alpha")
     steps = {k: v for k, v in state.slot("optimizer").items() if k.endswith(".step")}
     assert steps and all(v.item() == 6 for v in steps.values())  # 2 steps a round, never restarted
+
+
+def test_a_registered_after_training_pass_keeps_its_slot_and_evaluation_uses_it(tmp_path):
+    cfg = toy_config(client={"after_training": "test-shrink", "after_training_options": {"factor": 0.0}},
+                     federation={"rounds": 1})
+    results = run_experiment(cfg, tmp_path / "run", show_progress=False)
+    record = rounds_of(tmp_path / "run")[0]
+    assert all(c["personal_terms"] == {"shrunk": 0.0} and "shrunk" in c["phase_seconds"]
+               for c in record["clients"].values())
+    # every client evaluates with its kept all-zero model: every candidate scores the same
+    plain = run_experiment(toy_config(federation={"rounds": 1}), tmp_path / "plain", show_progress=False)
+    assert results["test"]["macro"] != plain["test"]["macro"]
+
+
+def test_after_training_settings_are_checked():
+    from fedsilo.config import ConfigError
+
+    with pytest.raises(ConfigError, match="after_training_options.factor"):
+        toy_config(client={"after_training": "test-shrink", "after_training_options": {"factor": "big"}})
+    with pytest.raises(ConfigError, match="personal` already asks for Ditto"):
+        toy_config(client={"after_training": "test-shrink", "personal": {"coef": 0.1}})
+    with pytest.raises(ConfigError, match="'nope' is not a known after-training pass"):
+        toy_config(client={"after_training": "nope"})
+
+
+def test_a_registered_paradigm_is_a_valid_choice_and_its_properties_drive_the_run(tmp_path):
+    from fedsilo.config import ConfigError
+
+    alone = run_experiment(toy_config(paradigm="test-alone", federation={"rounds": 1}), tmp_path / "alone",
+                           show_progress=False)
+    finetune = run_experiment(toy_config(paradigm="finetune", federation={"rounds": 1}), tmp_path / "ft",
+                              show_progress=False)
+    assert alone["paradigm"] == "test-alone" and set(alone["subruns"]) == {"alpha", "beta", "gamma"}
+    assert alone["test"] == finetune["test"]
+    with pytest.raises(ConfigError, match="'solo' is not a known paradigm; choose from 'federated'"):
+        toy_config(paradigm="solo")

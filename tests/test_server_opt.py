@@ -54,7 +54,16 @@ def scalar_reference(kind, lr, momentum=0.9, b1=0.9, b2=0.99, tau=1e-3):
 
 def test_registry_holds_one_rule_per_name():
     assert SERVER_OPTIMIZERS.names() == ("fedavg", "sgdm", "adam", "yogi", "adagrad")
-    assert all(callable(SERVER_OPTIMIZERS.get(n)) for n in SERVER_OPTIMIZERS)
+    assert all(callable(SERVER_OPTIMIZERS.get(n).update) for n in SERVER_OPTIMIZERS)
+
+
+def test_a_config_without_lr_takes_the_optimizers_default():
+    from fedsilo.config import ConfigError, validate
+    assert [validate({"server": {"optimizer": n}}).server.effective_lr for n in SERVER_OPTIMIZERS] == \
+        [1.0, 1.0, 0.01, 0.01, 0.01]
+    assert validate({"server": {"optimizer": "adam", "lr": 0.5}}).server.effective_lr == 0.5
+    with pytest.raises(ConfigError, match="bias_correction.*'sgdm'.*does not read it"):
+        validate({"server": {"optimizer": "sgdm", "bias_correction": "adam"}})
 
 
 def test_fedavg_hand_computed():

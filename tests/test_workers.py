@@ -147,6 +147,46 @@ def test_auto_is_one_worker_per_core_capped_by_clients():
     assert 1 <= workers_mod.resolve_workers("auto", cpu, 64) <= workers_mod.MAX_AUTO_CPU_WORKERS
 
 
+def _double_in_place_of_a_copy(shared):
+    """A worker's job: reads the shared tensors, returns new ones (and whether its inputs were shared)."""
+    views = workers_mod.unshare(shared)
+    return workers_mod.share({k: v * 2 if v.is_floating_point() else v for k, v in views.items()}), \
+        all(v.is_shared() for v in views.values())
+
+
+def test_tensors_cross_to_a_worker_and_back_through_shared_memory_in_order():
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    tensors = {"w": torch.randn(3, 5), "steps": torch.arange(7), "mask": torch.tensor([True, False]),
+               "empty": torch.zeros(0, 4), "half": torch.randn(2, 3).to(torch.bfloat16),
+               "scalar": torch.tensor(3.5, dtype=torch.float64)}
+    shared = workers_mod.share(tensors)
+    assert shared.buffer.is_shared()
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("fork")) as pool:
+        back, inputs_shared = pool.submit(_double_in_place_of_a_copy, shared).result()
+    assert inputs_shared  # the worker read the parent's pages, not a copy of their bytes
+    out = workers_mod.unshare(back)
+    assert list(out) == list(tensors)
+    for k, t in tensors.items():
+        assert out[k].dtype == t.dtype and torch.equal(out[k], t * 2 if t.is_floating_point() else t), k
+    assert workers_mod.share({}) == workers_mod.Shared(None, ())
+
+
+def test_clients_receiving_the_same_tensors_share_one_buffer_per_round():
+    params = {"a": torch.ones(4), "b": torch.zeros(2)}
+
+    class Server:  # what the pool asks of the server: each client's payload
+        def payload(self, client):
+            return params if client != "partial" else {"a": params["a"]}
+
+    payloads = {}
+    first, second = (workers_mod._payload(Server(), c, payloads) for c in ("x", "y"))
+    partial = workers_mod._payload(Server(), "partial", payloads)
+    assert first is second and partial is not first and len(payloads) == 2
+    assert list(workers_mod.unshare(partial)) == ["a"]
+
+
 def children_of(pid: int) -> set[int]:
     found = set()
     for stat in Path("/proc").glob("[0-9]*/stat"):

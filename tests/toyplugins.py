@@ -1,10 +1,11 @@
-"""A model surgery, a round hook and nothing else: registered on import, named in a config's
-`plugins`, so Flower's processes register them too."""
+"""A model surgery, a round hook, an after-training pass and a paradigm: registered on import, named
+in a config's `plugins`, so Flower's processes register them too."""
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from fedsilo.client.hooks import ROUND_HOOKS
+from fedsilo.client.hooks import AFTER_TRAINING, ROUND_HOOKS
 from fedsilo.models import SURGERIES
+from fedsilo.paradigms import PARADIGMS, Paradigm
 
 SEEN: list[dict] = []  # what the hook saw (in-process tests read it)
 
@@ -31,8 +32,31 @@ def adapter(model, settings: AdapterSettings, seed: int) -> None:
 def twice(ctx):
     """Train on every example twice; record the sum of the labelling model's weights."""
     model = ctx.labeler()
-    SEEN.append({"client": ctx.client, "round": ctx.round, "source": ctx.pseudo_source,
+    SEEN.append({"client": ctx.client, "round": ctx.round, "source": ctx.pseudo_source.name,
                  "labeler_sum": float(sum(p.detach().double().sum() for p in model.parameters())),
                  "received_sum": float(sum(t.double().sum() for t in ctx.received.values())),
                  "own": bool(ctx.own)})
     return list(ctx.examples) * 2
+
+
+class ShrinkSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    factor: float = 0.5
+
+
+class Shrink:
+    """After training, keep the received global tensors times `factor` as the client's own model
+    (evaluation then uses them): a pass with no training, so its effect is exact."""
+    slot = "shrunk"
+
+    def steps(self, n_examples, client_cfg, options) -> int:
+        return 0
+
+    def __call__(self, ctx, options: ShrinkSettings):
+        return {k: v * options.factor for k, v in ctx.received.items()}, {"shrunk": float(options.factor)}
+
+
+AFTER_TRAINING.add("test-shrink", Shrink(), ShrinkSettings)
+
+# Every silo alone, as `finetune`, under another name: a paradigm is three properties.
+PARADIGMS.add("test-alone", Paradigm(federates=False, pools_silos=False, per_silo_runs=True))

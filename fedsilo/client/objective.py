@@ -54,6 +54,3 @@ def objective_terms(task_terms: Mapping[str, torch.Tensor], params, anchor: Tens
                 raise ValueError(f"regularizer {name!r} has the name of a task loss term")
             terms[name] = REGULARIZERS.get(name)(params, anchor, coef)
     return terms
-
-
-from . import meta as _meta  # noqa: E402,F401  (registers meta_weighting)

@@ -2,7 +2,7 @@
 composes them into the run's config, with per-silo overrides)."""
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
@@ -10,7 +10,7 @@ from fedsilo.core.transforms import SILO_CHECKS
 from fedsilo.settings import FiniteFloat, SectionError, Strict, choice
 
 from .batching import BATCH_ORDERS
-from .hooks import ROUND_HOOKS
+from .hooks import AFTER_TRAINING, PSEUDO_SOURCES, ROUND_HOOKS
 from .objective import CLIENT_OBJECTIVES, REGULARIZERS
 from .optim import CLIENT_OPTIMIZERS
 from .schedule import LR_SCHEDULES, Span
@@ -64,19 +64,30 @@ class ClientConfig(Strict):
     before_training: choice(ROUND_HOOKS) | None = Field(None, description="a round hook run before local training")
     hook_options: dict[str, Any] = Field(default_factory=dict, description="the hook's settings, e.g. "
                                          "{weighting = \"energy\", top_k = 7} for pseudo_labels")
-    pseudo_source: Literal["global", "own"] = Field("global", description="which model a hook labels with")
+    pseudo_source: choice(PSEUDO_SOURCES) = Field(
+        "global", description="which model a hook labels with: global (received) or own (its last own model)")
     objective: choice(CLIENT_OBJECTIVES) = Field(
         "task", description="task: the task's loss terms; meta_weighting: pseudo examples weighted by a "
                             "meta-gradient on the annotated batch (Ren et al. 2018)")
     personal: PersonalConfig | None = Field(
         None, description="Ditto: after its federated update, the client trains a personal model of its own, "
                           "regularised toward the received global model; evaluation uses it")
+    after_training: choice(AFTER_TRAINING) | None = Field(
+        None, description="a registered after-training pass other than Ditto's (which `personal` asks for)")
+    after_training_options: dict[str, Any] = Field(default_factory=dict, description="that pass's settings")
     upload_checks: list[dict[str, Any]] = Field(
         default_factory=list, description="the silo's own checks of each round's instructions before it trains, e.g. "
                                           "[{name = \"require_clip\", max_norm = 1.0}]: a check that fails refuses the "
                                           "round, and nothing leaves the silo (fedsilo.core.transforms)")
     persist_optimizer: bool | None = Field(
         None, description="keep optimiser state across rounds; None: yes unless federated")
+
+    def after_pass(self) -> tuple[str, Any] | None:
+        """(name, options) of the after-training pass this section asks for, if any: `personal` is
+        Ditto's (fedsilo.client.ditto) with its own table; any other is `after_training`."""
+        if self.personal is not None:
+            return "ditto", self.personal
+        return (self.after_training, self.after_training_options) if self.after_training else None
 
     @field_validator("warmup")
     @classmethod
@@ -108,9 +119,23 @@ class ClientConfig(Strict):
                 raise ValueError("hook_options: set, but there is no before_training hook")
             return self
         try:
-            self.hook_settings()
+            ROUND_HOOKS.resolve(self.before_training, self.hook_options, "hook_options")
         except SectionError as err:  # a plain ValueError: the outer validation prefixes client. or clients.<silo>.
             raise ValueError(str(err)) from None
+        return self
+
+    @model_validator(mode="after")
+    def _after_training_options(self) -> "ClientConfig":
+        if self.personal is not None and self.after_training is not None:
+            raise ValueError(f"after_training = {self.after_training!r}: a client runs one after-training pass, "
+                             "and `personal` already asks for Ditto's")
+        if self.after_training_options and not self.after_training:
+            raise ValueError("after_training_options: set, but there is no after_training pass")
+        if self.after_training:
+            try:
+                AFTER_TRAINING.resolve(self.after_training, self.after_training_options, "after_training_options")
+            except SectionError as err:
+                raise ValueError(str(err)) from None
         return self
 
     @field_validator("upload_checks")
@@ -121,9 +146,3 @@ class ClientConfig(Strict):
         except SectionError as err:  # a plain ValueError: the outer validation prefixes client. or clients.<silo>.
             raise ValueError(str(err)) from None
         return v
-
-    def hook_settings(self):
-        """The validated options of the round hook (None: there is none, or it takes no options)."""
-        if not self.before_training:
-            return None
-        return ROUND_HOOKS.resolve(self.before_training, self.hook_options, "hook_options").options

@@ -23,7 +23,7 @@ from fedsilo.errors import StoreError
 from fedsilo.models.precision import autocast
 from fedsilo.tasks.tokens import PreTokenized, row_length, tokenized
 
-from .hooks import ROUND_HOOKS, HookContext
+from .hooks import AFTER_TRAINING, PSEUDO_SOURCES, ROUND_HOOKS, AfterContext, HookContext
 from .objective import CLIENT_OBJECTIVES
 from .schedule import round_steps, span_of
 from .settings import ClientConfig
@@ -68,6 +68,9 @@ class SiloClient:
         self.checks = SILO_CHECKS.resolve_chain(cfg.upload_checks, "upload_checks")
         self.hook = ROUND_HOOKS.resolve(cfg.before_training, cfg.hook_options, "hook_options") \
             if cfg.before_training else None
+        self.pseudo_source = PSEUDO_SOURCES.resolve(cfg.pseudo_source)
+        after = cfg.after_pass()
+        self.after = AFTER_TRAINING.resolve(*after, where="after_training_options") if after else None
         # Tokenised once here (read from the cache when an earlier run wrote it); batches are padded
         # from these tensors. A task without `tokenize`/`pad` is collated from its examples each batch.
         self.rows = tokenized(task, examples, token_cache) if isinstance(task, PreTokenized) else None
@@ -83,15 +86,14 @@ class SiloClient:
     def planned_steps(self) -> int:
         cfg = self.cfg
         own = round_steps(len(self.examples), cfg.batch_size, cfg.grad_accum, cfg.epochs, cfg.steps)
-        personal = round_steps(len(self.examples), cfg.batch_size, cfg.grad_accum, cfg.personal.epochs) \
-            if cfg.personal is not None else 0
-        return own + personal
+        after = self.after.value.steps(len(self.examples), cfg, self.after.options) if self.after else 0
+        return own + after
 
     def _state(self) -> ClientState:
         """The stored state, whose tensors must fit this model (a store of another model never loads)."""
         state = self.store.get(self.name) or ClientState()
         params = federated_parameters(self.model)
-        for slot in ("own", "personal"):
+        for slot in ("own", *([self.after.value.slot] if self.after else [])):
             for name, t in state.slot(slot).items():
                 if name not in params or tuple(t.shape) != tuple(params[name].shape):
                     where = state.source or f"{self.name}'s stored state"
@@ -110,10 +112,10 @@ class SiloClient:
 
     def load_for_eval(self, global_tensors: Tensors) -> None:
         """The model this silo would train from next: what it would receive and take, over its own;
-        with a personal model (Ditto), that model once it has one."""
+        with an after-training pass (Ditto's personal model), what it keeps once it has kept some."""
         state = self._state()
-        if self.cfg.personal is not None and state.slot("personal"):
-            load_tensors(self.model, state.slot("personal"))
+        if self.after and state.slot(self.after.value.slot):
+            load_tensors(self.model, state.slot(self.after.value.slot))
             return
         names = self.plan.choose_download(self.store.round + 1, self.shared_names, state.meta.get("uploaded"))
         self.start_point({k: global_tensors[k] for k in names}, state)
@@ -133,7 +135,7 @@ class SiloClient:
         phases = {}  # seconds per phase of the round (the FewFedWeight paper's Table 4: generating vs training)
         if self.hook is not None:
             ctx = HookContext(self.name, round_idx, run_seed, self.model, self.examples, received,
-                              state.slot("own"), self.cfg.pseudo_source, self.task, self.hook.options)
+                              state.slot("own"), self.pseudo_source, self.task, self.hook.options)
             with autocast(self.precision, device):
                 examples = self.hook.value(ctx)
             self.start_point(received, state)  # the hook may have loaded another model to label with
@@ -170,11 +172,11 @@ class SiloClient:
                                          TransformContext(round_idx, self.name, received, seed))
         slots, meta = self._kept(state, params, upload, result.steps, opt)
         personal_terms = {}
-        if self.cfg.personal is not None:
-            began = time.perf_counter()
-            slots["personal"], personal = self._train_personal(state, received, examples, run_seed, on_step)
-            personal_terms = personal.terms
-            phases["personal"] = time.perf_counter() - began
+        if self.after:
+            began, slot = time.perf_counter(), self.after.value.slot
+            slots[slot], personal_terms = self.after.value(
+                AfterContext(self, received, state.slot(slot), examples, run_seed, on_step), self.after.options)
+            phases[slot] = time.perf_counter() - began
         self.store.put(self.name, ClientState(slots, meta))
         # n: the silo's own data (FedAvg's n_k, what it registered), not counting pseudo-labelled extras
         return ClientUpdate(values, len(self.examples), result.steps, result.losses, time.perf_counter() - start,
@@ -205,21 +207,3 @@ class SiloClient:
         if self.persist_optimizer:
             slots["optimizer"], meta["optimizer_scalars"] = optimizer_to_slot(opt)
         return slots, meta
-
-    def _train_personal(self, state: ClientState, received: Tensors, examples: Sequence, seed: int,
-                        on_step: Callable[[], None] | None = None):
-        """Ditto's personal model v: from the client's last one (the received global model in its first
-        round), trained on the round's examples with λ/2·‖v − w_global‖² added. Returns (v, result)."""
-        p = self.cfg.personal
-        load_tensors(self.model, received, state.slot("personal"))
-        items, collate, lengths = self.batches_from(examples)
-        result, _ = train_local(
-            self.model, items, collate, self.loss_fn, lengths=lengths, batch_order=self.cfg.batching,
-            length_window=self.cfg.length_window, precision=self.precision, epochs=p.epochs, lr=p.lr or self.cfg.lr,
-            batch_size=self.cfg.batch_size, grad_accum=self.cfg.grad_accum, optimizer=self.cfg.optimizer,
-            weight_decay=self.cfg.weight_decay, logging_steps=self.cfg.logging_steps,
-            regularizers={"personal": p.coef}, anchor={k: received[k] for k in received if k in self.shared_names},
-            tracked_terms=self.cfg.tracked_terms, seed=seed + 1, max_grad_norm=self.cfg.max_grad_norm or None,
-            on_step=on_step, lr_schedule=self.cfg.lr_schedule, warmup=self.cfg.warmup)  # restarts every round
-        params = federated_parameters(self.model)
-        return {k: t.detach().clone() for k, t in params.items()}, result

@@ -133,7 +133,3 @@ class ExchangePlan:
     def choose_overwrite(self, received: Sequence[str], uploaded: Sequence[str] | None) -> list[str]:
         chosen = set(self.overwrite.value(received, uploaded))
         return [n for n in received if n in chosen]
-
-
-# Built-in selectors beyond `all` register themselves on import.
-from . import pulling as _pulling  # noqa: E402,F401

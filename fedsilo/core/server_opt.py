@@ -27,13 +27,43 @@ from fedsilo.registry import Registry
 
 from .tensors import Tensors
 
-BIAS_CORRECTIONS = ("none", "adam", "flower")
-BIAS_CORRECTED = ("adam",)  # the rules that read `bias_correction`
-
 Moments = dict[str, torch.Tensor]  # one tensor's optimiser state ("m", "v"), filled by its rule
 # rule(w, Δ in w's dtype and device, w's moments, optimiser) -> None: updates w and its moments in place
 Rule = Callable[[torch.Tensor, torch.Tensor, Moments, "ServerOptimizer"], None]
-SERVER_OPTIMIZERS: Registry[Rule] = Registry("server optimizer")
+
+
+@dataclass(frozen=True)
+class ServerRule:
+    """A server optimiser's entry: its update, the lr it takes when the config names none, and
+    whether it reads `bias_correction` (only Adam does, in Reddi et al. and in Flower)."""
+    update: Rule
+    default_lr: float
+    bias_corrected: bool = False
+
+
+SERVER_OPTIMIZERS: Registry[ServerRule] = Registry("server optimizer")
+
+
+def server_rule(name: str, default_lr: float, bias_corrected: bool = False) -> Callable[[Rule], Rule]:
+    """Decorator: register an update function as server optimiser `name`."""
+    def wrap(update: Rule) -> Rule:
+        SERVER_OPTIMIZERS.add(name, ServerRule(update, default_lr, bias_corrected))
+        return update
+    return wrap
+
+
+# bias correction(t = server steps taken, β1, β2) -> the factor on η at this step
+BiasCorrection = Callable[[int, float, float], float]
+BIAS_CORRECTIONS: Registry[BiasCorrection] = Registry("bias correction")
+
+
+def _kingma_ba(t: float, beta1: float, beta2: float) -> float:
+    return math.sqrt(1 - beta2 ** t) / (1 - beta1 ** t)
+
+
+BIAS_CORRECTIONS.add("none", lambda t, beta1, beta2: 1.0)            # Reddi et al.
+BIAS_CORRECTIONS.add("adam", _kingma_ba)                               # Kingma & Ba: t = server step
+BIAS_CORRECTIONS.add("flower", lambda t, beta1, beta2: _kingma_ba(t + 1.0, beta1, beta2))  # Flower: round + 1
 
 
 def _moment(state: Moments, key: str, like: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
@@ -58,25 +88,25 @@ def _adaptive_step(w: torch.Tensor, m: torch.Tensor, v: torch.Tensor, lr: float,
     w.addcdiv_(m, v.sqrt().add_(tau), value=lr)  # w + η·m/(√v + τ): one temporary
 
 
-@SERVER_OPTIMIZERS.register("fedavg")
+@server_rule("fedavg", default_lr=1.0)
 def fedavg(w: torch.Tensor, d: torch.Tensor, state: Moments, opt: ServerOptimizer) -> None:
     w.add_(d, alpha=opt.lr)
 
 
-@SERVER_OPTIMIZERS.register("sgdm")
+@server_rule("sgdm", default_lr=1.0)
 def sgdm(w: torch.Tensor, d: torch.Tensor, state: Moments, opt: ServerOptimizer) -> None:
     m = _moment(state, "m", d).mul_(opt.momentum).add_(d)
     w.add_(m, alpha=opt.lr)
 
 
-@SERVER_OPTIMIZERS.register("adam")
+@server_rule("adam", default_lr=0.01, bias_corrected=True)
 def adam(w: torch.Tensor, d: torch.Tensor, state: Moments, opt: ServerOptimizer) -> None:
     m = _first_moment(d, state, opt)
     v = _second_moment(d, state, opt).mul_(opt.beta2).addcmul_(d, d, value=1 - opt.beta2)
     _adaptive_step(w, m, v, opt.lr * opt.adam_correction(), opt.tau)
 
 
-@SERVER_OPTIMIZERS.register("yogi")
+@server_rule("yogi", default_lr=0.01)
 def yogi(w: torch.Tensor, d: torch.Tensor, state: Moments, opt: ServerOptimizer) -> None:
     m = _first_moment(d, state, opt)
     v = _second_moment(d, state, opt)
@@ -85,7 +115,7 @@ def yogi(w: torch.Tensor, d: torch.Tensor, state: Moments, opt: ServerOptimizer)
     _adaptive_step(w, m, v, opt.lr, opt.tau)
 
 
-@SERVER_OPTIMIZERS.register("adagrad")
+@server_rule("adagrad", default_lr=0.01)
 def adagrad(w: torch.Tensor, d: torch.Tensor, state: Moments, opt: ServerOptimizer) -> None:
     m = _first_moment(d, state, opt)
     v = _second_moment(d, state, opt).addcmul_(d, d)
@@ -95,7 +125,7 @@ def adagrad(w: torch.Tensor, d: torch.Tensor, state: Moments, opt: ServerOptimiz
 @dataclass(eq=False)
 class ServerOptimizer:
     kind: str = "fedavg"
-    lr: float = 1.0
+    lr: float = 1.0                       # a config's default is the rule's (ServerConfig.effective_lr)
     momentum: float = 0.9                 # sgdm
     beta1: float = 0.9                    # adaptive rules: first moment
     beta2: float = 0.99                   # adam, yogi: second moment
@@ -106,13 +136,14 @@ class ServerOptimizer:
     state: dict[str, Moments] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.rule: Rule = SERVER_OPTIMIZERS.get(self.kind)  # UnknownChoice (a ValueError) lists the choices
+        entry = SERVER_OPTIMIZERS.get(self.kind)  # UnknownChoice (a ValueError) lists the choices
+        self.rule: Rule = entry.update
         if isinstance(self.bias_correction, bool):
             self.bias_correction = "flower" if self.bias_correction else "none"
-        if self.bias_correction not in BIAS_CORRECTIONS:
-            raise ValueError(f"bias_correction {self.bias_correction!r}: choose from {', '.join(BIAS_CORRECTIONS)}")
-        if self.bias_correction != "none" and self.kind not in BIAS_CORRECTED:
-            raise ValueError(f"bias_correction applies to {', '.join(BIAS_CORRECTED)} only, not {self.kind!r} "
+        self.correction: BiasCorrection = BIAS_CORRECTIONS.get(self.bias_correction)
+        if self.bias_correction != "none" and not entry.bias_corrected:
+            takers = [n for n in SERVER_OPTIMIZERS if SERVER_OPTIMIZERS.get(n).bias_corrected]
+            raise ValueError(f"bias_correction applies to {', '.join(takers)} only, not {self.kind!r} "
                              "(neither Reddi et al. nor Flower bias-correct the other server optimisers)")
 
     @property
@@ -120,11 +151,8 @@ class ServerOptimizer:
         return self.tau ** 2 if self.v0 is None else float(self.v0)
 
     def adam_correction(self) -> float:
-        """Factor on η at the current step: 1, or √(1−β2^t)/(1−β1^t) with t as `bias_correction` says."""
-        if self.bias_correction == "none":
-            return 1.0
-        t = self.steps + (1.0 if self.bias_correction == "flower" else 0.0)  # Flower: server_round + 1.0
-        return math.sqrt(1 - self.beta2 ** t) / (1 - self.beta1 ** t)
+        """Factor on η at the current step, as the `bias_correction` entry computes it."""
+        return self.correction(self.steps, self.beta1, self.beta2)
 
     @torch.no_grad()
     def step(self, params: Tensors, delta: Tensors) -> None:

@@ -21,6 +21,7 @@ from fedsilo.progress import Progress
 from fedsilo.errors import RunDirError
 from fedsilo.recipe import build_clients, exchange_plan, initial_private
 from fedsilo.server import Server
+from fedsilo.tasks.base import CrossDomain
 
 
 def run_round(server: Server, clients: dict[str, SiloClient], sampled: list[str], round_idx: int, seed: int,
@@ -115,7 +116,7 @@ class LocalEngine:
         model (the start model's private tensors under the global ones), then each client's own model
         where clients keep tensors of their own. {} when the task has no matrix."""
         task = self.task
-        domains = list(getattr(task, "matrix", None) or [])
+        domains = list(task.matrix) if isinstance(task, CrossDomain) else []
         if not domains:
             return {}
         models = {"global": lambda: load_tensors(self.model, self.initial, server.params)}

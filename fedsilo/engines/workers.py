@@ -8,7 +8,9 @@ client's state and saves the state the job returns, so disk and memory stores, p
 personal models and optimiser state work unchanged. A free worker takes the next client at once;
 at most `workers` jobs run and at most `workers` finished ones wait for their turn to be folded, so
 memory grows by about one model per worker (its working model and the tensors of its jobs), not
-per client.
+per client. Tensors cross between the processes in shared memory (`share`): a round's global
+tensors are written once for all workers, and an update is read by the parent where the worker
+wrote it.
 
 Workers are forked from the parent on CPU (they inherit the task, its tokenised silos and the
 clients); with CUDA, which cannot be forked, they are spawned and build the same parts from the
@@ -17,9 +19,9 @@ config (`fedsilo.recipe`), worker k on GPU k mod the GPU count.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import ctypes.util
-import json
+import dataclasses
+import math
 import multiprocessing as mp
 import os
 import signal
@@ -29,6 +31,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 
 import torch
+import torch.multiprocessing  # noqa: F401  (registers the shared-memory reductions multiprocessing pickles with)
 
 from fedsilo.client.store import ClientState
 from fedsilo.core.tensors import Tensors
@@ -67,33 +70,55 @@ def start_method(device: torch.device) -> str:
     return "fork" if device.type == "cpu" and "fork" in mp.get_all_start_methods() else "spawn"
 
 
-# ---- tensors cross the process boundary as safetensors bytes: a copy, never shared storage --------
-# safetensors stores tensors in its own order; the names' order travels in its metadata, so a dict
-# comes back in the order it was sent (checkpoints then equal a sequential run's, key order included).
+# ---- tensors cross the process boundary in shared memory, one buffer per message ------------------
+# Pickled by multiprocessing, a shared buffer travels as a handle (torch.multiprocessing's reduction:
+# a file descriptor), not as its bytes; the receiver maps the same pages, and its tensors are views.
+# So a round's global tensors exist once for every worker (not once per job as bytes, then again as
+# tensors), and an update is written once by the worker and read in place by the parent. Dicts keep
+# their order (checkpoints then equal a sequential run's, key order included).
 
-def pack(tensors: Tensors) -> bytes:
-    from safetensors.torch import save
-    if not tensors:
-        return b""
-    return save({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
-                metadata={"order": json.dumps(list(tensors))})
+ALIGN = 64  # each tensor starts on a 64-byte boundary, so a byte slice views as any dtype
 
 
-def unpack(data: bytes) -> Tensors:
-    from safetensors.torch import load
-    if not data:
-        return {}
-    tensors = load(data)
-    header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
-    return {k: tensors[k] for k in json.loads(header["__metadata__"]["order"])}
+@dataclasses.dataclass(frozen=True)
+class Shared:
+    """Named tensors in one shared-memory buffer: (name, dtype, shape, byte offset) per tensor."""
+    buffer: torch.Tensor | None  # uint8 in shared memory; None when there are no tensors
+    layout: tuple[tuple[str, torch.dtype, tuple[int, ...], int], ...]
 
 
-def pack_state(state: ClientState | None) -> tuple[dict[str, bytes], dict] | None:
-    return None if state is None else ({k: pack(v) for k, v in state.slots.items()}, state.meta)
+def _nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
+    return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
 
 
-def unpack_state(packed: tuple[dict[str, bytes], dict] | None) -> ClientState | None:
-    return None if packed is None else ClientState({k: unpack(v) for k, v in packed[0].items()}, packed[1])
+def share(tensors: Tensors) -> Shared:
+    """One copy of `tensors` (any device) in a new shared-memory buffer."""
+    layout, size = [], 0
+    for name, t in tensors.items():
+        layout.append((name, t.dtype, tuple(t.shape), size))
+        size += -(-_nbytes(t.dtype, tuple(t.shape)) // ALIGN) * ALIGN
+    if not layout:
+        return Shared(None, ())
+    buffer = torch.empty(size, dtype=torch.uint8).share_memory_()
+    shared = Shared(buffer, tuple(layout))
+    with torch.no_grad():
+        for view, t in zip(unshare(shared).values(), tensors.values()):
+            view.copy_(t.detach())
+    return shared
+
+
+def unshare(shared: Shared) -> Tensors:
+    """The tensors of `shared` as views of its buffer (no copy)."""
+    return {name: shared.buffer[offset:offset + _nbytes(dtype, shape)].view(dtype).view(shape)
+            for name, dtype, shape, offset in shared.layout}
+
+
+def share_state(state: ClientState | None) -> tuple[dict[str, Shared], dict] | None:
+    return None if state is None else ({k: share(v) for k, v in state.slots.items()}, state.meta)
+
+
+def unshare_state(packed: tuple[dict[str, Shared], dict] | None) -> ClientState | None:
+    return None if packed is None else ClientState({k: unshare(v) for k, v in packed[0].items()}, packed[1])
 
 
 class JobStore:
@@ -157,13 +182,13 @@ def _build(config: dict, rank: int) -> dict:
     return build_clients(cfg, task, model, MemoryStore())
 
 
-def _fit(name: str, round_idx: int, received: bytes, state, seed: int) -> tuple:
+def _fit(name: str, round_idx: int, received: Shared, state, seed: int) -> tuple:
     client = _CLIENTS[name]
-    store = client.store = JobStore(round_idx, unpack_state(state))
+    store = client.store = JobStore(round_idx, unshare_state(state))
     on_step = (lambda: _STEPS.put(1)) if _STEPS is not None else None
-    update = client.fit(round_idx, unpack(received), seed, on_step=on_step)
-    update.tensors = pack(update.tensors)
-    return update, pack_state(store.saved)
+    update = client.fit(round_idx, unshare(received), seed, on_step=on_step)
+    update.tensors = share(update.tensors)
+    return update, share_state(store.saved)
 
 
 # ---- the parent side ------------------------------------------------------------------------------
@@ -192,6 +217,7 @@ class WorkerPool:
         bounded by the worker count, not the client count."""
         drain = _StepCounter(self.steps, progress) if progress else None
         queue = list(sampled)
+        payloads: dict[tuple, Shared] = {}  # this round's global tensors, shared once per distinct payload
         running: dict[Future, str] = {}
         finished: dict[str, Future] = {}
         try:
@@ -199,8 +225,8 @@ class WorkerPool:
                 while name not in finished:
                     while queue and len(running) < self.workers and len(running) + len(finished) < 2 * self.workers:
                         nxt = queue.pop(0)
-                        running[self.pool.submit(_fit, nxt, round_idx, pack(server.payload(nxt)),
-                                                 pack_state(clients[nxt].store.get(nxt)), seed)] = nxt
+                        running[self.pool.submit(_fit, nxt, round_idx, _payload(server, nxt, payloads),
+                                                 share_state(clients[nxt].store.get(nxt)), seed)] = nxt
                     done, _ = wait(running, return_when=FIRST_COMPLETED)
                     finished.update((running.pop(f), f) for f in done)
                 try:
@@ -208,8 +234,8 @@ class WorkerPool:
                 except SiloRefused as err:  # nothing trained, nothing to store
                     reason = server.reject(name, f"refused by the silo: {err}", key="refused")
                 else:
-                    update = dataclasses.replace(update, tensors=unpack(update.tensors))
-                    state = unpack_state(state)
+                    update = dataclasses.replace(update, tensors=unshare(update.tensors))
+                    state = unshare_state(state)
                     if state is not None:
                         clients[name].store.put(name, state)
                     reason = server.receive(name, update)
@@ -228,6 +254,17 @@ class WorkerPool:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _payload(server: Server, client: str, payloads: dict[tuple, Shared]) -> Shared:
+    """What `client` receives, in shared memory: clients that receive the same tensors (all of them,
+    unless a download policy differs per client) share one buffer. Within a round the global tensors
+    do not change (the server steps once every update is in)."""
+    tensors = server.payload(client)
+    key = tuple((name, id(t)) for name, t in tensors.items())
+    if key not in payloads:
+        payloads[key] = share(tensors)
+    return payloads[key]
 
 
 class _StepCounter:

@@ -26,6 +26,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from fedsilo.fileio import read_jsonl
+
 # Display names of the text-to-SQL silos (the paper's spelling); any other name shows as it is.
 DISPLAY_NAMES: dict[str, str] = {
     "advising": "Advising",
@@ -75,20 +77,11 @@ def read_rounds(run_dir: str | Path, notes: list[str] | None = None) -> list[dic
     path = run_directory(run_dir) / "rounds.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"rounds log not found: {path}")
-    lines = read_text(path).split("\n")
+    parsed, partial = read_jsonl(read_text(path), str(path))
+    if partial and notes is not None:
+        notes.append(partial)
     rounds = []
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            if lineno == len(lines):  # no newline after it: the writer was cut off
-                if notes is not None:
-                    notes.append(f"{path}:{lineno}: partly written last line ({len(line)} characters, "
-                                 "what an interrupted run leaves) skipped")
-                break
-            raise ValueError(f"{path}:{lineno}: malformed JSON ({err.msg})") from None
+    for lineno, record in parsed:
         if not isinstance(record, dict):
             raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
         if not isinstance(record.get("round"), int):
@@ -215,6 +208,7 @@ def registry_spec(config: Mapping[str, Any]) -> dict | None:
     try:
         import importlib
 
+        from fedsilo import builtins  # noqa: F401  (the built-in tasks)
         from fedsilo.tasks import TASKS
         for module in config.get("plugins") or []:
             importlib.import_module(module)

@@ -16,7 +16,7 @@ import torch
 
 from fedsilo.config import RunConfig, to_toml
 from fedsilo.errors import RunDirError
-from fedsilo.fileio import atomic_write, atomic_write_bytes
+from fedsilo.fileio import atomic_write, atomic_write_bytes, read_jsonl
 
 # Keys that may change between a run and its resume without changing its past (more rounds; how the
 # CPU is used, which each round records in rounds.jsonl as `compute`). Results equal across worker
@@ -149,21 +149,14 @@ class RunDir:
         ignored, any other bad line is an error naming file and line."""
         if not self.rounds.exists():
             return []
-        lines = self.rounds.read_text().split("\n")
-        out = []
-        for i, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                if i == len(lines):  # no newline after it: the writer was cut off
-                    break
-                raise RunDirError(f"{self.rounds}:{i}: malformed line (not JSON)") from None
+        try:
+            parsed, _ = read_jsonl(self.rounds.read_text(), str(self.rounds))
+        except ValueError as err:
+            raise RunDirError(str(err)) from None
+        for lineno, record in parsed:
             if not isinstance(record, dict) or not isinstance(record.get("round"), int):
-                raise RunDirError(f"{self.rounds}:{i}: not a round record")
-            out.append(record)
-        return out
+                raise RunDirError(f"{self.rounds}:{lineno}: not a round record")
+        return [record for _, record in parsed]
 
     def truncate_rounds(self, last_round: int) -> None:
         """Forget rounds logged after the checkpoint (they will be run again)."""

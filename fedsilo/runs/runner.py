@@ -1,8 +1,9 @@
 """Runs an experiment end to end: paradigm → rounds → model selection → test → results.
 
-The loop is engine-agnostic: the in-process engine and Flower's both provide `client_names`,
-`train_round`, `evaluate`, and client state behind a store (`set_round`, `truncate`,
-`after_checkpoint`, `state_dict`).
+The loop is engine-agnostic: the in-process engine and Flower's are both an `Engine`
+(fedsilo.engines): `client_names`, `train_round`, `evaluate`, and client state behind a store
+(`set_round`, `truncate`, `after_checkpoint`, `state_dict`); the cross-domain matrix is tested
+where the engine is a `CrossDomainEngine`.
 """
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from pathlib import Path
 from fedsilo.client.store import make_store
 from fedsilo.config import RunConfig
 from fedsilo.core.tensors import is_finite
+from fedsilo.engines import CrossDomainEngine, Engine
 from fedsilo.errors import RunFailed
 from fedsilo.progress import Display, Progress
 from fedsilo.server import Server, sample_clients
-from fedsilo.tasks.base import NONFINITE, MetricSpec, select_best
+from fedsilo.tasks.base import NONFINITE, MetricSpec, WithReferences, select_best
 
 from fedsilo.recipe import (TOKENIZER_DIR, build_model, build_recipe, build_server, build_task, store_root,
                             task_tokenizer)
@@ -80,7 +82,7 @@ def _check_progress(cfg: RunConfig, logged: list[dict], rounds: int) -> None:
                         lasting=any(r.get("clients") for r in logged[-streak:]))  # some silo replied
 
 
-def run_federation(cfg: RunConfig, run: RunDir, engine, server: Server, spec: MetricSpec, task_name: str,
+def run_federation(cfg: RunConfig, run: RunDir, engine: Engine, server: Server, spec: MetricSpec, task_name: str,
                    resume: bool = False, progress: Progress | None = None, display: dict | None = None) -> dict:
     """Rounds on any engine, model selection on the merged dev set, test of the selected model. A run
     that diverged (a lasting RunFailed) stays failed: the reason is recorded, and a resume repeats it."""
@@ -176,7 +178,7 @@ def _federate(cfg: RunConfig, run: RunDir, engine, server: Server, spec: MetricS
     engine.load_state_dict(best_state["clients"])
     engine.set_round(best_state["round"])
     test = spec.summarize(engine.evaluate(server, "test", progress, final=True))
-    matrix = engine.evaluate_matrix(server, "test", progress) if hasattr(engine, "evaluate_matrix") else {}
+    matrix = engine.evaluate_matrix(server, "test", progress) if isinstance(engine, CrossDomainEngine) else {}
     logged = run.read_rounds()
     wall = sum(x.get("seconds", 0) + x.get("eval_seconds", 0) for x in logged) + time.perf_counter() - t0
     results = {"paradigm": cfg.paradigm, "name": cfg.name, "task": task_name, "rounds": rounds,
@@ -219,11 +221,10 @@ def run_local(cfg: RunConfig, run: RunDir, resume: bool = False, progress: Progr
         progress.warn(message)
     try:
         results = run_federation(cfg, run, engine, build_server(cfg, model, recipe), task.spec, task.name, resume,
-                                 progress,
-                                 display=getattr(task, "display", None))
+                                 progress, display=task.display)
     finally:
         engine.close()
-    if getattr(task, "reference_names", None) and "reference" not in results:
+    if isinstance(task, WithReferences) and task.reference_names and "reference" not in results:
         results["reference"] = {name: task.spec.summarize(reference_rows(task, name, "test"))
                                 for name in task.reference_names}
         run.write_results(results)
@@ -239,9 +240,9 @@ def run_experiment(cfg: RunConfig, out: str | Path, resume: bool = False, show_p
     """Any paradigm into run directory `out`; returns results.json's content."""
     out = Path(out)
     with RunLock(out), Progress(enabled=show_progress) as progress:
-        if cfg.paradigm != "finetune":
-            return run_local(cfg, RunDir(out), resume, progress)
-        return _finetune(cfg, out, resume, progress)
+        if cfg.participation.per_silo_runs:
+            return _finetune(cfg, out, resume, progress)
+        return run_local(cfg, RunDir(out), resume, progress)
 
 
 def _finetune(cfg: RunConfig, out: Path, resume: bool, progress: Progress) -> dict:
@@ -271,7 +272,7 @@ def _finetune(cfg: RunConfig, out: Path, resume: bool, progress: Progress) -> di
         spec_desc, display = done["metric_spec"], {**display, **done.get("display", {})}
         wall += done.get("wall_seconds", 0.0)
     from fedsilo.tasks import TASKS
-    results = {"paradigm": "finetune", "name": cfg.name, "task": cfg.task.name, "rounds": cfg.federation.rounds,
+    results = {"paradigm": cfg.paradigm, "name": cfg.name, "task": cfg.task.name, "rounds": cfg.federation.rounds,
                "best_round": None, "best_dev": None, "wall_seconds": wall, "metric_spec": spec_desc,
                "display": display,
                "test": TASKS.get(cfg.task.name).spec().summarize(rows), "subruns": subruns}

@@ -46,6 +46,7 @@ from pydantic import Field
 from fedsilo.config import ConfigError, RunConfig, Strict, apply_overrides, validate
 from fedsilo.errors import StudyFailed
 from fedsilo.fileio import atomic_write_bytes
+from fedsilo.paradigms import PARADIGMS
 from fedsilo.progress import Display
 
 from .records import column, display_name, exchange_totals, read_rounds
@@ -268,9 +269,14 @@ def _cost(out: Path, results: Mapping[str, Any]) -> dict[str, float]:
     """Parameters sent up and down over the whole run (every client, every round) and wall time."""
     runs = [out] + [out / p for p in (results.get("subruns") or {}).values()]
     rounds = [r for sub in runs if (sub / "rounds.jsonl").is_file() for r in read_rounds(sub)]
-    totals = exchange_totals(rounds) if results.get("paradigm") == "federated" else {}
+    totals = exchange_totals(rounds) if _federates(results.get("paradigm")) else {}
     return {"params_up": totals.get("params_up", 0.0), "params_down": totals.get("params_down", 0.0),
             "bytes_up": totals.get("bytes_up", 0.0), "wall_seconds": float(results.get("wall_seconds") or 0.0)}
+
+
+def _federates(paradigm: str | None) -> bool:
+    """Whether a finished run's paradigm sent anything (a finetune run's silos each ran alone)."""
+    return paradigm in PARADIGMS and PARADIGMS.get(paradigm).federates
 
 
 def _mean_cost(costs: Sequence[Mapping[str, float]]) -> dict[str, float]:

@@ -86,9 +86,3 @@ class TaskPlugin:
 
 
 TASKS: Registry[TaskPlugin] = Registry("task")
-
-# Built-in tasks register themselves on import (light modules: settings + a lazy builder).
-from fedsilo.tasks.text2sql import plugin as _text2sql  # noqa: E402,F401
-from fedsilo.tasks.translation import plugin as _translation  # noqa: E402,F401
-from fedsilo.tasks.matching import plugin as _matching  # noqa: E402,F401
-from fedsilo.tasks.multitask import plugin as _multitask  # noqa: E402,F401

@@ -173,3 +173,21 @@ class Task(Protocol):
     def evaluate(self, model: torch.nn.Module, client: str, split: str, progress=None,
                  final: bool = False) -> list[dict]:
         """[{client, task, stats}] for one client's `split`; `final` adds costly extras (test only)."""
+
+
+@runtime_checkable
+class CrossDomain(Protocol):
+    """A task whose models are also tested on every domain of a matrix (the translation paper's
+    Tables 4-7: each silo's model on every domain)."""
+    @property
+    def matrix(self) -> list[str]:
+        """The matrix's domains (their dev/test examples are loaded: `examples(domain, split)`)."""
+
+
+@runtime_checkable
+class WithReferences(Protocol):
+    """A task that scores untrained reference systems (BM25) beside the trained models."""
+    reference_names: list[str]
+
+    def reference(self, name: str, client: str, split: str) -> list[dict]:
+        """Reference `name`'s rows on one client's `split`, shaped as `Task.evaluate`'s."""

@@ -24,7 +24,7 @@ class FlowerEngine:
     """train_round / evaluate over a Flower Grid (simulation or deployment alike)."""
 
     def __init__(self, grid: Grid, cfg: RunConfig, run_key: str) -> None:
-        if cfg.paradigm != "federated":
+        if not cfg.participation.federates:
             raise ConfigError(f"paradigm {cfg.paradigm!r} runs on the in-process engine only")
         self.grid, self.cfg, self.run_key = grid, cfg, run_key
         self.config_text = to_toml(cfg)
