@@ -6,7 +6,8 @@ one seed: OUT/VARIANT), then writes a markdown report with the comparison tables
 the seeds, each variant's wall time, and the paper's two claims checked with
 fedsilo.runs.study.claim (a gap holds when it exceeds the sum of the two standard deviations):
 (1) Lorar beats its base algorithm on MacroAvg; (2) it helps the small silos (Academic, IMDB, Yelp)
-most. Finished runs are skipped on a re-run (results.json present).
+most. Finished runs are skipped on a re-run (results.json present); an interrupted one continues
+from its last complete round.
 
     python bench/study.py --out runs/study --doc docs/lorar-study.md [--seeds 0,1,2] [--only fedopt,fedopt_lorar]
 """
@@ -128,8 +129,10 @@ def main() -> None:
             label = f"{name}/seed-{seed}" if multi else name
             cfg = seeded(load_config(args.config, VARIANTS[name] + args.set + [f"name={label}"]), seed)
             t = time.perf_counter()
-            results[name].append(run_experiment(cfg, out, show_progress=False))
-            seconds[name].append(time.perf_counter() - t)
+            resumed = (out / "config.toml").exists()  # an interrupted run continues from its last round
+            results[name].append(run_experiment(cfg, out, resume=resumed, show_progress=False))
+            # a resumed run's wall time: the runner's own sum over its rounds and evaluations
+            seconds[name].append(results[name][-1]["wall_seconds"] if resumed else time.perf_counter() - t)
             (out / "wall.json").write_text(json.dumps({"seconds": seconds[name][-1]}))
             test = results[name][-1]["test"]
             print(f"{label}: EM macro {test['macro']['em']:.2f} pooled {test['pooled']['em']:.2f}, "
