@@ -147,7 +147,7 @@ def test_auto_is_one_worker_per_core_capped_by_clients():
     assert 1 <= workers_mod.resolve_workers("auto", cpu, 64) <= workers_mod.MAX_AUTO_CPU_WORKERS
 
 
-def _double_in_place_of_a_copy(shared):
+def _doubled_by_a_worker(shared):
     """A worker's job: reads the shared tensors, returns new ones (and whether its inputs were shared)."""
     views = workers_mod.unshare(shared)
     return workers_mod.share({k: v * 2 if v.is_floating_point() else v for k, v in views.items()}), \
@@ -164,7 +164,7 @@ def test_tensors_cross_to_a_worker_and_back_through_shared_memory_in_order():
     shared = workers_mod.share(tensors)
     assert shared.buffer.is_shared()
     with ProcessPoolExecutor(1, mp_context=mp.get_context("fork")) as pool:
-        back, inputs_shared = pool.submit(_double_in_place_of_a_copy, shared).result()
+        back, inputs_shared = pool.submit(_doubled_by_a_worker, shared).result()
     assert inputs_shared  # the worker read the parent's pages, not a copy of their bytes
     out = workers_mod.unshare(back)
     assert list(out) == list(tensors)
