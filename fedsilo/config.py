@@ -20,7 +20,7 @@ from fedsilo.client.settings import ClientConfig
 from fedsilo.core.aggregate import AGGREGATIONS, ROBUST_MIN_CLIENTS
 from fedsilo.core.exchange import DOWNLOADS, OVERWRITES, SELECTORS
 from fedsilo.core.messages import STATISTICS, is_statistic
-from fedsilo.core.server_opt import BIAS_CORRECTIONS, SERVER_OPTIMIZERS
+from fedsilo.core.server_opt import BIAS_CORRECTIONS, SERVER_OPTIMIZERS, unread_correction
 from fedsilo.core.transforms import UPLOAD_TRANSFORMS
 from fedsilo.core.weighting import WEIGHTINGS
 from fedsilo.errors import ConfigError
@@ -108,9 +108,9 @@ class ServerConfig(Strict):
     @model_validator(mode="after")
     def _correction_is_read(self) -> "ServerConfig":
         # A correction the optimiser never reads would silently change nothing.
-        if self.bias_correction != "none" and not SERVER_OPTIMIZERS.get(self.optimizer).bias_corrected:
-            raise ValueError(f"bias_correction = {self.bias_correction!r}: the {self.optimizer!r} server optimizer "
-                             "does not read it (only adam does, as in Reddi et al. and Flower)")
+        unread = unread_correction(self.optimizer, self.bias_correction)
+        if unread:
+            raise ValueError(unread)
         return self
 
     @property

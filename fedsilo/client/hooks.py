@@ -58,7 +58,7 @@ ROUND_HOOKS: Registry[RoundHook] = Registry("round hook")
 
 @dataclass
 class AfterContext:
-    client: Any                       # the SiloClient: its model, task, settings, `train` on examples
+    client: Any                       # the SiloClient: model, cfg, loss_fn, precision, batches_from()
     received: Tensors                 # the tensors received this round (the global model's)
     kept: Tensors                     # what this pass kept in its slot last round (empty at first)
     examples: Sequence[Any]           # the examples the round trained on (pseudo labels included)

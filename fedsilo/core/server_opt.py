@@ -66,6 +66,15 @@ BIAS_CORRECTIONS.add("adam", _kingma_ba)                               # Kingma 
 BIAS_CORRECTIONS.add("flower", lambda t, beta1, beta2: _kingma_ba(t + 1.0, beta1, beta2))  # Flower: round + 1
 
 
+def unread_correction(kind: str, correction: str) -> str | None:
+    """Why `correction` would silently change nothing for server optimiser `kind`, or None."""
+    if correction == "none" or SERVER_OPTIMIZERS.get(kind).bias_corrected:
+        return None
+    takers = ", ".join(n for n in SERVER_OPTIMIZERS if SERVER_OPTIMIZERS.get(n).bias_corrected)
+    return (f"bias_correction = {correction!r}: the {kind!r} server optimizer does not read it (only {takers} "
+            "does: neither Reddi et al. nor Flower bias-correct the other server optimisers)")
+
+
 def _moment(state: Moments, key: str, like: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
     """Moment `key` of one tensor: allocated at the tensor's first step, then reused."""
     t = state.get(key)
@@ -141,10 +150,9 @@ class ServerOptimizer:
         if isinstance(self.bias_correction, bool):
             self.bias_correction = "flower" if self.bias_correction else "none"
         self.correction: BiasCorrection = BIAS_CORRECTIONS.get(self.bias_correction)
-        if self.bias_correction != "none" and not entry.bias_corrected:
-            takers = [n for n in SERVER_OPTIMIZERS if SERVER_OPTIMIZERS.get(n).bias_corrected]
-            raise ValueError(f"bias_correction applies to {', '.join(takers)} only, not {self.kind!r} "
-                             "(neither Reddi et al. nor Flower bias-correct the other server optimisers)")
+        unread = unread_correction(self.kind, self.bias_correction)
+        if unread:
+            raise ValueError(unread)
 
     @property
     def initial_v(self) -> float:
