@@ -162,11 +162,10 @@ def build_client(cfg: RunConfig, task, model, store: ClientStore, name: str, ind
                  client_cfg, initial: Tensors, plan: ExchangePlan | None = None) -> SiloClient:
     if not examples:
         raise ConfigError(f"client {name!r} has no training examples")
-    hook = client_cfg.before_training and ROUND_HOOKS.get(client_cfg.before_training)
-    protocol = getattr(hook, "task_protocol", None)
-    if protocol is not None and not isinstance(task, protocol):
+    needs = client_cfg.before_training and ROUND_HOOKS.get(client_cfg.before_training).needs
+    if needs and not isinstance(task, needs):
         raise ConfigError(f"client.before_training = {client_cfg.before_training!r}: the {task.name} task "
-                          f"does not offer it ({protocol.__name__})")
+                          f"does not offer it ({needs.__name__})")
     try:
         return SiloClient(name, index, examples, task, client_cfg, model, plan or exchange_plan(cfg), store, initial,
                           persist_optimizer=cfg.persist_optimizer,

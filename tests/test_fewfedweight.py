@@ -102,7 +102,7 @@ def test_pseudo_labels_come_from_the_labelling_model_with_energy_weights(data):
     received = {n: p.detach().clone() for n, p in model.named_parameters()}
     ctx = HookContext("client_1", 1, 0, model, examples, received, {}, PSEUDO_SOURCES.resolve("global"), task,
                       PseudoSettings(top_k=3))
-    out = ROUND_HOOKS.get("pseudo_labels")(ctx)
+    out = ROUND_HOOKS.get("pseudo_labels").run(ctx)
     assert [e.source for e in out] == [e.source for e in examples] and all(e.pseudo for e in out)
     for e in out:
         enc = tokenizer([e.source], return_tensors="pt", return_token_type_ids=False)

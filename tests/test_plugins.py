@@ -172,3 +172,12 @@ def test_a_registered_paradigm_is_a_valid_choice_and_its_properties_drive_the_ru
     assert alone["test"] == finetune["test"]
     with pytest.raises(ConfigError, match="'solo' is not a known paradigm; choose from 'federated'"):
         toy_config(paradigm="solo")
+
+
+def test_a_round_hook_the_task_cannot_serve_is_refused_before_round_1(tmp_path):
+    from fedsilo.config import ConfigError
+
+    cfg = toy_config(client={"before_training": "pseudo_labels"})  # toyrank writes no pseudo labels
+    with pytest.raises(ConfigError, match="'pseudo_labels': the toyrank task does not offer it .PseudoLabeling."):
+        run_experiment(cfg, tmp_path / "run", show_progress=False)
+    assert not (tmp_path / "run" / "rounds.jsonl").exists()

@@ -3,7 +3,7 @@ in a config's `plugins`, so Flower's processes register them too."""
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from fedsilo.client.hooks import AFTER_TRAINING, ROUND_HOOKS
+from fedsilo.client.hooks import AFTER_TRAINING, round_hook
 from fedsilo.models import SURGERIES
 from fedsilo.paradigms import PARADIGMS, Paradigm
 
@@ -28,7 +28,7 @@ def adapter(model, settings: AdapterSettings, seed: int) -> None:
     model.classifier = torch.nn.Sequential(extra, head)
 
 
-@ROUND_HOOKS.register("test-twice")
+@round_hook("test-twice")
 def twice(ctx):
     """Train on every example twice; record the sum of the labelling model's weights."""
     model = ctx.labeler()

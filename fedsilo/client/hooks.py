@@ -50,10 +50,25 @@ class HookContext:
         return self.model
 
 
-RoundHook = Callable[[HookContext], Sequence[Any]]
+@dataclass(frozen=True)
+class RoundHook:
+    """`run(ctx)` returns the examples to train on this round. `needs`: a runtime-checkable Protocol
+    the task must implement, or None; the clients are refused at build time (before round 1) when
+    the task does not."""
+    run: Callable[[HookContext], Sequence[Any]]
+    needs: type | None = None
+
+
 ROUND_HOOKS: Registry[RoundHook] = Registry("round hook")
-"""An entry may carry a pydantic settings class for `client.hook_options`; a hook function with a
-`task_protocol` attribute (a runtime-checkable Protocol) runs only on tasks that implement it."""
+"""An entry may carry a pydantic settings class for `client.hook_options`."""
+
+
+def round_hook(name: str, settings: type | None = None, needs: type | None = None) -> Callable:
+    """Decorator: register a hook function as round hook `name`."""
+    def wrap(run: Callable[[HookContext], Sequence[Any]]) -> Callable[[HookContext], Sequence[Any]]:
+        ROUND_HOOKS.add(name, RoundHook(run, needs), settings)
+        return run
+    return wrap
 
 
 @dataclass

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fedsilo.registry import Registry
 
-from .hooks import ROUND_HOOKS, HookContext
+from .hooks import HookContext, round_hook
 
 
 def neg_energy(topk_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -91,17 +91,12 @@ class PseudoSettings(BaseModel):
         return TOKEN_WEIGHTINGS.check(v)
 
 
-@ROUND_HOOKS.register("pseudo_labels", PseudoSettings)
+@round_hook("pseudo_labels", PseudoSettings, needs=PseudoLabeling)
 def pseudo_labels(ctx: HookContext) -> list:
     """FewFedWeight's data augmentation: the labelling model (the received global one, or the client's
     own with `client.pseudo_source = "own"`: Data Silo DA) writes a pseudo label for every training
     input; each example then trains on its own label and on the pseudo label, token-weighted."""
-    if not isinstance(ctx.task, PseudoLabeling):
-        raise TypeError(f"task {getattr(ctx.task, 'name', ctx.task)!r} cannot write pseudo labels")
     opts = ctx.options or PseudoSettings()
     labelled = ctx.task.pseudo_label(ctx.labeler(), ctx.examples, opts.top_k)
     return [ctx.task.with_pseudo(example, ids, token_weights(top, opts.weighting, opts.temperature).tolist())
             for example, (ids, top) in zip(ctx.examples, labelled)]
-
-
-pseudo_labels.task_protocol = PseudoLabeling  # build_client refuses a task without it, before round 1

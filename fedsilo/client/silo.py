@@ -137,7 +137,7 @@ class SiloClient:
             ctx = HookContext(self.name, round_idx, run_seed, self.model, self.examples, received,
                               state.slot("own"), self.pseudo_source, self.task, self.hook.options)
             with autocast(self.precision, device):
-                examples = self.hook.value(ctx)
+                examples = self.hook.value.run(ctx)
             self.start_point(received, state)  # the hook may have loaded another model to label with
             phases["before_training"] = time.perf_counter() - start
         restore = None
