@@ -5,7 +5,8 @@ falls on both; prints each run and the ratios of the medians (B / A).
     git worktree add /tmp/before HEAD~1      # or any checkout of the code before a change
     python bench/ab_trees.py /tmp/before . -- study experiments/qa/small.toml --only fedavg --seeds 0
 
-The fedsilo arguments follow `--`; each run gets a fresh `--out` directory. Both trees use this
+Options go before the two trees (`--repeats 3 /tmp/before . -- ...`): everything after the trees
+is the fedsilo command. The fedsilo arguments follow `--`; each run gets a fresh `--out` directory. Both trees use this
 Python environment (its installed packages) with PYTHONPATH set to the tree, and the same token
 cache, so they differ only in fedsilo's code.
 """
