@@ -103,9 +103,34 @@ def test_task_without_tokenised_rows_centralized_and_finetune(tmp_path):
 
 def test_spawned_workers_build_the_same_clients(tmp_path, monkeypatch):
     """The CUDA path (spawn: workers build model, task and clients from the config), run on CPU."""
-    monkeypatch.setattr(workers_mod, "start_method", lambda device: "spawn")
+    monkeypatch.setattr(workers_mod, "start_method", lambda device, threads: "spawn")
     data = write_silos(tmp_path / "data", per_fold=4)
     run_both(tmp_path, tiny_config(data, client={"personal": {"coef": 0.1}}))
+
+
+def test_workers_of_several_threads_are_spawned_not_forked():
+    cpu = torch.device("cpu")
+    assert workers_mod.start_method(cpu, 1) == "fork" and workers_mod.start_method(cpu, 2) == "spawn"
+
+
+def test_workers_of_two_threads_finish_after_the_parent_used_openmp(tmp_path):
+    """Forked, a worker of 2 threads hung in round 1 once the parent had run an OpenMP region
+    (libgomp is not fork-safe); spawned, the run finishes and equals one process at 2 threads."""
+    torch.set_num_threads(2)
+    torch.ones(4_000_000).clone()  # the parent opens an OpenMP team of 2 (a copy this large is split)
+    data = write_silos(tmp_path / "data", per_fold=4)
+    cfg = tiny_config(data)
+    for workers, threads in ((1, 2), (2, 4)):
+        run_experiment(validate({**cfg, "engine": {"workers": workers, "threads": threads}}),
+                       tmp_path / f"w{workers}", show_progress=False)
+    a, b = tmp_path / "w1", tmp_path / "w2"
+    assert close(figures(a), figures(b))
+    x, y = (torch.load(r / "checkpoint.pt", weights_only=True)["server"]["params"] for r in (a, b))
+    assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+    # evaluation runs in the parent, here at 2 and at 4 threads: equal up to float reduction order
+    assert close(*(json.loads((r / "results.json").read_text())["test"] for r in (a, b)))
+    computes = [json.loads(line)["compute"] for line in (tmp_path / "w2" / "rounds.jsonl").open()]
+    assert computes and all(c == {"workers": 2, "threads_per_client": 2} for c in computes), computes
 
 
 def test_a_failing_client_fails_the_run_with_its_error(tmp_path):

@@ -168,9 +168,10 @@ class SiloClient:
             ctx = SelectionContext(round_idx, self.name, self.shared_names, now, previous, seed,
                                    self.plan.upload_options)
             upload = self.plan.choose_upload(ctx)
+            slots, meta = self._kept(state, params, upload, result.steps, opt)
+            del opt  # its moments (two model copies) are freed before the upload's copy is made
             values, transformed = encode(self.plan.upload_transforms, {k: now[k].clone() for k in upload},
                                          TransformContext(round_idx, self.name, received, seed))
-        slots, meta = self._kept(state, params, upload, result.steps, opt)
         personal_terms = {}
         if self.after:
             began, slot = time.perf_counter(), self.after.value.slot

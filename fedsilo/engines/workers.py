@@ -12,9 +12,10 @@ per client. Tensors cross between the processes in shared memory (`share`): a ro
 tensors are written once for all workers, and an update is read by the parent where the worker
 wrote it.
 
-Workers are forked from the parent on CPU (they inherit the task, its tokenised silos and the
-clients); with CUDA, which cannot be forked, they are spawned and build the same parts from the
-config (`fedsilo.recipe`), worker k on GPU k mod the GPU count.
+Workers are forked from the parent on CPU with one thread each (they inherit the task, its tokenised
+silos and the clients); otherwise (CUDA, which cannot be forked; several threads per worker, which
+OpenMP cannot fork: `start_method`) they are spawned and build the same parts from the config
+(`fedsilo.recipe`), worker k on GPU k mod the GPU count.
 """
 from __future__ import annotations
 
@@ -65,9 +66,13 @@ def threads_per_worker(threads: int, workers: int) -> int:
     return max(1, threads // workers)
 
 
-def start_method(device: torch.device) -> str:
-    """fork where it is safe and cheapest (CPU, POSIX); spawn for CUDA, which a fork cannot carry."""
-    return "fork" if device.type == "cpu" and "fork" in mp.get_all_start_methods() else "spawn"
+def start_method(device: torch.device, threads: int) -> str:
+    """fork where it is safe and cheapest: CPU, POSIX, one torch thread per worker. Otherwise spawn:
+    CUDA cannot be forked, and torch's OpenMP (libgomp) is not fork-safe: once the parent has run a
+    parallel region, a forked worker that opens one with 2+ threads waits forever for threads the
+    fork did not copy (seen: `engine.threads = 4, engine.workers = 2` hung in round 1; auto settings
+    do this on any machine with more than 4 cores). One thread never opens a parallel region."""
+    return "fork" if device.type == "cpu" and threads == 1 and "fork" in mp.get_all_start_methods() else "spawn"
 
 
 # ---- tensors cross the process boundary in shared memory, one buffer per message ------------------
@@ -199,7 +204,7 @@ class WorkerPool:
     def __init__(self, clients: dict, workers: int, threads: int, device: torch.device, config: dict) -> None:
         """`threads`: torch threads of each worker."""
         global _CLIENTS
-        method = start_method(device)
+        method = start_method(device, threads)
         ctx = mp.get_context(method)
         self.workers = workers
         self.steps = ctx.SimpleQueue()
