@@ -15,8 +15,8 @@ Then writes a markdown report: the paper's tables as cross-domain BLEU matrices 
 over the seeds), the parameters each method exchanged per round as a share of FedAvg's (round 1 and
 the mean over rounds, up and down, each seed against FedAvg of the same seed), wall time per round,
 and the paper's claims checked with fedsilo.runs.study.claim (a claim holds when the gap exceeds the
-sum of the two standard deviations). The exchange table is printed too. Finished runs are skipped on
-a re-run (results.json present).
+sum of the two standard deviations). The exchange table is printed too. A hand-written `## Reading`
+section already in the doc is kept. Finished runs are skipped on a re-run (results.json present).
 
     python bench/nmt_study.py --out runs/nmt --doc docs/nmt-study.md [--seeds 0,1,2] [--only generic,fedavg]
 """
@@ -44,6 +44,7 @@ LABEL = {"news": "News", "ted": "TED", "tatoeba": "Tatoeba", "docs": "Docs", "ui
 CHAIN = ["ui", "tatoeba", "docs", "ted", "news"]  # the news engine's own domain last
 FL = ["fedavg", "fedavg-r10", "fedavg-r25", "dp_l", "dp_g", "random", "dp_l-33", "dp_g-33", "controllers",
       "controllers-8e8d", "dp_l-count"]
+READING = "## Reading"
 OPTIONAL = ["dp_l-count"]  # beyond the paper: its text read literally (θ = count median), reported when it has run
 ORDER = ["generic", "alone", *(f"chained-{i + 1}" for i in range(len(CHAIN))), "combination", "fedavg",
          "finetune-after-fl", *FL[1:-1], *OPTIONAL]
@@ -273,8 +274,11 @@ def write_doc(out: Path, res: dict[str, dict[int, dict]], doc: Path, scale: str,
               "Every round pulls its part, round 1 included (it ranks against the start model).\n",
               markdown_table(exchange_rows(out, fl, seeds)), "",
               "## The paper's claims at this scale\n", *claims(runs, out, seeds), ""]
+    kept = ""  # a hand-written `## Reading` section already in the doc stays below the tables
+    if doc.is_file() and READING in doc.read_text():
+        kept = "\n" + doc.read_text()[doc.read_text().index(READING):]
     doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text("\n".join(lines) + "\n")
+    doc.write_text("\n".join(lines) + "\n" + kept)
     print(f"[nmt study] wrote {doc}")
 
 
