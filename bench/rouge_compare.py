@@ -9,7 +9,6 @@ MiniLM's uncased tokenizer round trip, as the default model is scored), and the 
 prediction lowercased against cased references (as-is) and prediction = the reference lowercased.
 """
 import sys
-import time
 from pathlib import Path
 
 from fedsilo.tasks.multitask.catalog import CATALOG
@@ -57,7 +56,6 @@ def main():
             settings = {"as-is": (preds, refs), "minilm": (rt(preds), rt_refs),
                         "pred lowercased": ([p.lower() for p in preds], refs)}
             for sname, (p, r) in settings.items():
-                t0 = time.time()
                 c, g = mean(p, r, "crossfit"), mean(p, r, "google")
                 print(f"| {name} | {len(records)} | {pname} | {sname} | {c:.2f} | {g:.2f} | {c - g:+.2f} |",
                       flush=True)

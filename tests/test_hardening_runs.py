@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fedsilo.cli import main
-from fedsilo.config import ConfigError, load_config, to_toml, validate
+from fedsilo.config import ConfigError, load_config, validate
 from fedsilo.runs.study import load_study
 from tests.test_bad_input import fails, toy_file
 from tests.test_plugins import rounds_of, toy_config

@@ -1,6 +1,5 @@
 """The multitask catalogue as a whole: enough tasks in the paper's four groups, each paper task in its
 Table 6 group, and a fetch manifest that pins exactly the files the converters read."""
-from pathlib import Path
 
 import pytest
 
