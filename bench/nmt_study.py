@@ -274,9 +274,8 @@ def write_doc(out: Path, res: dict[str, dict[int, dict]], doc: Path, scale: str,
               "Every round pulls its part, round 1 included (it ranks against the start model).\n",
               markdown_table(exchange_rows(out, fl, seeds)), "",
               "## The paper's claims at this scale\n", *claims(runs, out, seeds), ""]
-    kept = ""  # a hand-written `## Reading` section already in the doc stays below the tables
-    if doc.is_file() and READING in doc.read_text():
-        kept = "\n" + doc.read_text()[doc.read_text().index(READING):]
+    old = doc.read_text() if doc.is_file() else ""  # a hand-written `## Reading` section stays below the tables
+    kept = "\n" + old[old.index(READING):] if READING in old else ""
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text("\n".join(lines) + "\n" + kept)
     print(f"[nmt study] wrote {doc}")
