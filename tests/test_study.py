@@ -77,6 +77,7 @@ def test_a_study_runs_its_variants_and_compares_them(tmp_path, capsys):
     fedavg = json.loads((out / "fedavg" / "results.json").read_text())["test"]
     assert table[2][-1] == f"{fedavg['macro']['map']:.2f} / {fedavg['macro']['mrr']:.2f}"
     assert study["costs"]["alone"]["params_up"] == 0 and study["costs"]["fedavg"]["params_up"] > 0
+    assert study["overall_clients"]["map"] == ["alpha", "beta", "gamma"] and study["notes"] == []  # every silo
     assert "| fedavg |" in (out / "report.md").read_text()
     # a second call finds every variant finished: the same table, nothing trained again
     mtime = (out / "fedavg" / "checkpoint.pt").stat().st_mtime_ns
@@ -224,3 +225,103 @@ def test_reference_rows_show_once_and_variants_show_mean_and_sd():
     assert table[0] == ["map, mean ± sd (n=3)", "alpha", "beta", "Overall"]
     assert table[1] == ["bm25 (no training)", "0.5000", "0.2500", "0.3750"]
     assert table[2] == ["fedavg", "0.7000 ± 0.1000", "0.3000 ± 0.1000", "0.5000 ± 0.0866"]  # macros .40 .55 .55
+
+
+# ---------------------------------------------------------------- Overall over the same silos in every line
+
+SPEC = {"primary": "map", "columns": [{"key": "map", "label": "MAP", "fmt": ".4f"},
+                                      {"key": "questions", "label": "questions", "fmt": ".0f", "in_macro": False}]}
+
+
+def fake(values, spec=SPEC):
+    """A results.json on the silos of `values` (client → MAP), its macro the mean over them as the task takes it."""
+    rows = [{"client": c, "task": "toyrank", "metrics": {"map": v, "questions": 4.0}} for c, v in values.items()]
+    return {"paradigm": "federated", "metric_spec": spec, "wall_seconds": 1.0,
+            "test": {"rows": rows, "macro": {"map": sum(values.values()) / len(values), "questions": None}}}
+
+
+def test_overall_is_taken_over_the_silos_every_line_has():
+    """A line on two silos beside three-silo lines: Overall over those two in every line, and a note says so."""
+    from fedsilo.runs.study import comparison
+    lines = {"bm25 (no training)": fake({"alpha": 0.5, "beta": 0.3, "gamma": 0.4}),
+             "fedavg": [fake({"alpha": 0.6, "beta": 0.2, "gamma": 0.9}),
+                        fake({"alpha": 0.8, "beta": 0.4, "gamma": 0.1})],
+             "two": [fake({"alpha": 0.7, "beta": 0.5}), fake({"alpha": 0.5, "beta": 0.5})]}
+    got = comparison(lines, ["map", "questions"])
+    table = got["table"]
+    assert table[0] == ["MAP / questions, mean ± sd (n=2)", "alpha", "beta", "gamma", "Overall"]
+    # by hand, over alpha and beta: bm25 (0.5 + 0.3) / 2 = 0.4 (its own macro 0.4 too);
+    # fedavg seeds (0.6 + 0.2) / 2 = 0.4 and (0.8 + 0.4) / 2 = 0.6 (their own macros: 0.5667, 0.4333)
+    assert table[1][-1] == "0.4000 / -"
+    assert table[2][-1] == f"0.5000 ± {statistics.stdev([0.4, 0.6]):.4f} / -"
+    assert table[3][-1] == f"0.5500 ± {statistics.stdev([0.6, 0.5]):.4f} / -"  # its own silos: its macro
+    assert got["over"]["map"] == ["alpha", "beta"] and got["over"]["questions"] is None  # not averaged
+    assert [v["map"] for v in got["overall"]["fedavg"]] == pytest.approx([0.4, 0.6])
+    assert got["left_out"]["map"] == ["gamma"] and got["marked"] == [] and "†" not in str(table)
+    assert got["notes"] == ["Overall is the mean over the 2 silos every line has a value for (alpha, beta); "
+                            "left out: gamma (only bm25 (no training), fedavg)."]
+    # every line on the same silos: Overall is each run's recorded macro, to the last digit, and no note
+    same = comparison({"a": fake({"alpha": 0.1, "beta": 0.7}), "b": fake({"alpha": 0.3, "beta": 0.3})}, ["map"])
+    assert same["overall"]["a"][0]["map"] == fake({"alpha": 0.1, "beta": 0.7})["test"]["macro"]["map"]
+    assert same["notes"] == [] and same["left_out"]["map"] == []
+
+
+def test_no_common_silo_marks_each_line_and_judges_nothing():
+    from fedsilo.runs.study import claim_lines, comparison
+    got = comparison({"news": [fake({"alpha": 0.8}), fake({"alpha": 0.6})],
+                      "law": [fake({"beta": 0.2}), fake({"beta": 0.4})]}, ["map"])
+    assert got["table"][1][-1] == f"0.7000 ± {statistics.stdev([0.8, 0.6]):.4f} †"  # its own mean, marked
+    assert got["table"][2][-1].endswith(" †") and got["marked"] == ["news", "law"] and got["over"]["map"] == []
+    assert got["notes"] == ["† No silo has a value in every line, so no Overall is over the same silos: a line "
+                            "marked † shows its own mean over its own silos (news: alpha; law: beta); they are not "
+                            "comparable."]
+    per_seed = {name: {str(s): {"overall": o} for s, o in enumerate(runs)} for name, runs in got["overall"].items()}
+    assert claim_lines(per_seed, "news", "map", "MAP", over=[]) == [
+        "law > news (Overall MAP): not judged: no silo has a value in every line, so their Overall is not over the "
+        "same silos"]
+
+
+def test_a_study_on_different_silos_compares_over_the_common_ones(tmp_path, monkeypatch, capsys):
+    """Through `run_study` (runs faked): a variant on alpha and beta beside two on three silos; two seeds."""
+    import fedsilo.runs.runner as runner
+    import fedsilo.runs.study as study_module
+    silos = {"alone": {0: {"alpha": 0.30, "beta": 0.50}, 1: {"alpha": 0.34, "beta": 0.52}},
+             "fedavg": {0: {"alpha": 0.60, "beta": 0.70, "gamma": 0.10},
+                        1: {"alpha": 0.62, "beta": 0.72, "gamma": 0.90}},
+             "equal": {0: {"alpha": 0.50, "beta": 0.60, "gamma": 0.90}, 1: {"alpha": 0.52, "beta": 0.60, "gamma": 0.2}}}
+    monkeypatch.setattr(runner, "run_experiment",
+                        lambda cfg, out, **_: fake(silos[cfg.name.split("/")[1]][cfg.seed]))
+    monkeypatch.setattr(study_module, "write_report", lambda out: None)
+    path = tmp_path / "s.toml"
+    path.write_text(STUDY.replace('metrics = ["map", "mrr"]', 'metrics = ["map"]\nbaseline = "fedavg"'))
+    out = tmp_path / "study"
+    study = run_study(path, out, show_progress=False, seeds=[0, 1])
+    printed = capsys.readouterr().out
+
+    def cell(name):  # by hand: the mean over alpha and beta, per seed, then mean ± sd
+        per = [(silos[name][s]["alpha"] + silos[name][s]["beta"]) / 2 for s in (0, 1)]
+        return per, f"{statistics.mean(per):.4f} ± {statistics.stdev(per):.4f}"
+
+    table = {row[0]: row[-1] for row in study["table"][1:]}
+    assert {name: table[name] for name in silos} == {name: cell(name)[1] for name in silos}
+    assert cell("fedavg")[1] == "0.6600 ± 0.0141"  # its own three-silo means would read 0.4667 and 0.7467
+    assert study["overall_clients"]["map"] == ["alpha", "beta"] and study["overall_clients"]["questions"] is None
+    fedavg = study["per_seed"]["fedavg"]["1"]
+    assert fedavg["overall"]["map"] == pytest.approx(0.67) and fedavg["macro"]["map"] == pytest.approx(2.24 / 3)
+    note = ("Overall is the mean over the 2 silos every line has a value for (alpha, beta); left out: gamma "
+            "(only fedavg, equal).")
+    assert study["notes"] == [note] and note in printed and note in (out / "report.md").read_text()
+    # the claims are over the same two silos, and say so
+    expected = []
+    for name in ("alone", "equal"):
+        verdict = claim(cell(name)[0], cell("fedavg")[0])
+        verdict = f"reversed (fedavg > {name} holds)" if verdict == "reversed" else verdict
+        gap = statistics.mean(cell(name)[0]) - statistics.mean(cell("fedavg")[0])
+        expected.append(f"{name} > fedavg (Overall MAP over alpha, beta): {cell(name)[1]} vs {cell('fedavg')[1]}, "
+                        f"gap {gap:+.4f}: {verdict}")
+    assert study["checks"] == expected and expected[0].endswith(": reversed (fedavg > alone holds)")
+    assert all(line in printed for line in expected)
+    # over each one's own silos the same runs would have read "within spread": not like with like
+    own = {name: [study["per_seed"][name][s]["macro"]["map"] for s in ("0", "1")] for name in ("equal", "fedavg")}
+    assert claim(own["equal"], own["fedavg"]) == "within spread" and "reversed" in expected[1]
+    assert json.loads((out / "study.json").read_text())["overall_clients"]["map"] == ["alpha", "beta"]

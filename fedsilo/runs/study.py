@@ -14,6 +14,12 @@ others are compared, and the study ends with an error). The comparison — untra
 task scores (e.g. BM25), then each variant — is printed and written to OUT/report.md and
 OUT/study.json, with each variant's parameters sent and wall time.
 
+Overall compares like with like: each metric's mean over the silos that every line of the table has a
+value for, the same silos in every line (a variant run on fewer silos narrows it for all, and a note
+under the table names the silos left out; study.json's `overall_clients` lists the silos it covers).
+Where no silo is common to every line, a line shows its own mean marked † and no claim is judged on it
+(`comparison`).
+
 Several seeds (`--seeds 0,1,2` or `[study] seeds`; the command line wins) run every variant once per
 seed, into OUT/NAME/seed-S, all variants of one seed before the next seed (so an interrupted study
 already holds a whole comparison). One seed keeps today's layout, OUT/NAME. Seed S sets the run's
@@ -53,8 +59,9 @@ from .records import column, display_name, exchange_totals, read_rounds
 from .report import write_report
 from .tables import format_value, markdown_table, print_grid
 
-__all__ = ["StudySettings", "load_study", "run_study", "comparison_table", "parse_seeds", "check_seeds",
-           "mean_sd", "beyond_spread", "claim", "spread_cell", "seeded", "SPREAD", "RULE"]
+__all__ = ["StudySettings", "load_study", "run_study", "comparison", "comparison_table", "common_units",
+           "overall_value", "parse_seeds", "check_seeds", "mean_sd", "beyond_spread", "claim", "spread_cell",
+           "seeded", "SPREAD", "RULE", "MARK"]
 
 SAMPLE_SEEDS = "sample_seeds"  # a task's few-shot sample seeds (multitask); a study seed shifts them
 SPREAD = "sd = sample standard deviation (n−1)"
@@ -62,6 +69,7 @@ RULE = "holds = the means differ by more than the sum of the two standard deviat
 MAX_SEED = 2**63  # RunConfig.seed's bound
 PLAIN_NAME = re.compile(r"\w[\w.+-]*")  # a variant's name is its folder's name
 FAILED = "failed"  # the cells of a variant whose run failed
+MARK = "†"  # an Overall over its own silos: no silo is common to every line
 
 
 class StudySettings(Strict):
@@ -213,29 +221,148 @@ def spread_cell(values: Sequence[float | None], fmt: str = ".2f") -> str:
     return format_value(mean, fmt) if sd is None else f"{format_value(mean, fmt)} ± {format_value(sd, fmt)}"
 
 
-def comparison_table(named_results: Mapping[str, Mapping[str, Any] | Sequence[Mapping[str, Any]]],
-                     metrics: Sequence[str], display: Mapping[str, str] | None = None) -> list[list[str]]:
-    """One line per method (header first), one column per client, then "Overall": each metric's
-    macro mean over clients (the mean over silos, as the FedMatch paper reports it). A cell holds
-    the metrics joined by " / " (the header's first cell names them). A method given a list of
-    results (one per seed) shows `mean ± sd` per metric, and the header says so with n."""
+# ---------------------------------------------------------------------- Overall: like with like
+
+Unit = tuple[str, Any]  # one evaluated test row: (client, task)
+
+
+def _finite(value: Any) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
+def _unit_values(results: Mapping[str, Any], metric: str) -> dict[Unit, float]:
+    """One run's finite test values of `metric` by (client, task) row: the rows its macro averages."""
+    return {(r["client"], r.get("task")): float(v) for r in results["test"]["rows"]
+            if _finite(v := (r.get("metrics") or {}).get(metric))}
+
+
+def averaged(spec: Mapping[str, Any] | None, metric: str) -> bool:
+    """Whether `metric` has a macro mean over rows (a spec column with `in_macro=False` has none)."""
+    return bool((column(spec, metric) or {}).get("in_macro", True))
+
+
+def common_units(runs: Mapping[str, Sequence[Mapping[str, Any]]], metric: str) -> list[Unit]:
+    """The (client, task) rows that every run with any value of `metric` has a value for, in the
+    order first seen: the rows a like-with-like Overall averages. A run with no value at all (an
+    untrained reference has no loss) shows no Overall for it and narrows nothing. [] when no row is
+    common."""
+    seen = [values for rs in runs.values() for res in rs if (values := _unit_values(res, metric))]
+    if not seen:
+        return []
+    common = set.intersection(*(set(values) for values in seen))
+    return [u for u in dict.fromkeys(u for values in seen for u in values) if u in common]
+
+
+def overall_value(results: Mapping[str, Any], metric: str, over: Sequence[Unit]) -> float | None:
+    """One run's Overall `metric` over the rows `over`: its recorded macro when its own values cover
+    exactly those rows (so the same number, to the last digit), else the mean of its values on them.
+    None where the run has no macro (a metric not averaged, an evaluation with non-finite scores) or
+    `over` is empty (nothing common to average over)."""
+    macro = (results["test"].get("macro") or {}).get(metric)
+    if not _finite(macro) or not over:
+        return None
+    values = _unit_values(results, metric)
+    if set(values) == set(over):
+        return float(macro)
+    return sum(values[u] for u in over) / len(over)
+
+
+def comparison(named_results: Mapping[str, Mapping[str, Any] | Sequence[Mapping[str, Any]]],
+               metrics: Sequence[str], display: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The comparison table, and what its Overall column is taken over.
+
+    Overall is each metric's mean over the silos (test rows) that every line of the table has a
+    value for, so every line is averaged over the same silos: a variant run on one silo beside
+    six-silo ones makes Overall the mean over that one silo in every line, and a note under the
+    table names the silos left out and the lines that have them. Where no silo is common to the
+    lines, no like-with-like Overall exists: a line shows its own mean over its own silos, marked
+    MARK, a note names them, and claims on it are not judged.
+
+    Returns {"table": rows of strings, header first; "overall": {line: per run (seed), {metric:
+    Overall}} for every metric the runs record (not only those shown); "over": {metric: the silos
+    Overall is taken over, by client name ("client / task" where a client has several rows); None for
+    a metric with no macro mean or no value}; "shown_over": the same by display name; "left_out":
+    {metric: the silos (display names) some line has that Overall leaves out}; "marked": the lines
+    marked; "notes": the lines to print under the table}."""
     runs = {name: [res] if isinstance(res, Mapping) else list(res) for name, res in named_results.items()}
-    clients = list(dict.fromkeys(r["client"] for rs in runs.values() for res in rs for r in res["test"]["rows"]))
     spec = next(iter(runs.values()))[0].get("metric_spec")
-    label = " / ".join((column(spec, m) or {}).get("label", m) for m in metrics)
+    units = list(dict.fromkeys((r["client"], r.get("task")) for rs in runs.values() for res in rs
+                               for r in res["test"]["rows"]))
+    clients = list(dict.fromkeys(c for c, _ in units))
+    with_task = len(units) != len(clients)  # a client with several rows (tasks): a silo is "client / task"
+
+    def names(us: Sequence[Unit], shown: Mapping[str, str] | None = display) -> list[str]:
+        return [f"{display_name(c, shown)} / {t}" if with_task else display_name(c, shown) for c, t in us]
+
+    keys = list(dict.fromkeys([*metrics, *(k for rs in runs.values() for res in rs
+                                          for k in (res["test"].get("macro") or {}))]))
+    has = {m: list(dict.fromkeys(u for rs in runs.values() for res in rs for u in _unit_values(res, m)))
+           for m in keys}
+    over = {m: common_units(runs, m) if averaged(spec, m) and has[m] else None for m in keys}
+    overall = {name: [{m: overall_value(res, m, over[m]) if over[m] is not None else None for m in keys}
+                      for res in rs] for name, rs in runs.items()}
+    left_out = {m: [u for u in has[m] if u not in over[m]] if over[m] else [] for m in keys}
+    alone = [m for m in metrics if over[m] == []]  # lines with values, none common to them all
+    marked = [name for name, rs in runs.items()
+              if any(_finite((res["test"].get("macro") or {}).get(m)) for m in alone for res in rs)]
+    label = {m: (column(spec, m) or {}).get("label", m) for m in metrics}
     fmt = {m: (column(spec, m) or {}).get("fmt", ".4f") for m in metrics}
     n = max(len(rs) for rs in runs.values())
 
     def cell(per_seed: Sequence[Mapping[str, Any]]) -> str:
         return " / ".join(spread_cell([values.get(m) for values in per_seed], fmt[m]) for m in metrics)
 
-    table = [[label + (f", mean ± sd (n={n})" if n > 1 else ""),
+    table = [[" / ".join(label[m] for m in metrics) + (f", mean ± sd (n={n})" if n > 1 else ""),
               *(display_name(c, display) for c in clients), "Overall"]]
     for name, rs in runs.items():
         by_client = [{r["client"]: r.get("metrics") or {} for r in res["test"]["rows"]} for res in rs]
+        shown = overall[name]
+        if name in marked:  # its own mean over its own silos, in place of the Overall it has none of
+            shown = [{**values, **{m: (res["test"].get("macro") or {}).get(m) for m in alone}}
+                     for values, res in zip(shown, rs)]
         table.append([name, *(cell([b.get(c, {}) for b in by_client]) for c in clients),
-                      cell([res["test"].get("macro") or {} for res in rs])])
-    return table
+                      cell(shown) + (f" {MARK}" if name in marked else "")])
+
+    notes: dict[str, list[str]] = {}  # a note → the labels of the metrics it is about
+    for m in metrics:
+        if left_out[m]:
+            by_lines: dict[tuple[str, ...], list[Unit]] = {}
+            for u in left_out[m]:
+                lines = tuple(name for name, rs in runs.items() if any(u in _unit_values(res, m) for res in rs))
+                by_lines.setdefault(lines, []).append(u)
+            left = "; ".join(f"{', '.join(names(us))} (only {', '.join(lines)})" for lines, us in by_lines.items())
+            k = len(over[m])
+            notes.setdefault(f"Overall is the mean over the {k} silo{'s' * (k > 1)} every line has a value for "
+                             f"({', '.join(names(over[m]))}); left out: {left}.", []).append(label[m])
+    for m in alone:
+        own = "; ".join(f"{name}: {', '.join(names(_own(runs[name], m))) or 'none'}" for name in marked)
+        notes.setdefault(f"{MARK} No silo has a value in every line, so no Overall is over the same silos: a line "
+                         f"marked {MARK} shows its own mean over its own silos ({own}); they are not comparable.",
+                         []).append(label[m])
+    shown_averaged = [label[m] for m in metrics if over[m] is not None]
+    return {"table": table, "overall": overall,
+            "over": {m: None if us is None else names(us, {}) for m, us in over.items()},
+            "shown_over": {m: None if us is None else names(us) for m, us in over.items()},
+            "left_out": {m: names(us) for m, us in left_out.items()}, "marked": marked,
+            "notes": [text if labels == shown_averaged else f"{' / '.join(labels)}: {text}"
+                      for text, labels in notes.items()]}
+
+
+def _own(runs: Sequence[Mapping[str, Any]], metric: str) -> list[Unit]:
+    """The silos a line has a value of `metric` for in every one of its runs."""
+    sets = [_unit_values(res, metric) for res in runs]
+    return [u for u in sets[0] if all(u in s for s in sets[1:])]
+
+
+def comparison_table(named_results: Mapping[str, Mapping[str, Any] | Sequence[Mapping[str, Any]]],
+                     metrics: Sequence[str], display: Mapping[str, str] | None = None) -> list[list[str]]:
+    """One line per method (header first), one column per client, then "Overall": each metric's
+    mean over the silos (the mean over silos, as the FedMatch paper reports it), over the same
+    silos in every line: those every line has a value for (`comparison` says which, and marks a
+    line where none are). A cell holds the metrics joined by " / " (the header's first cell names
+    them). A method given a list of results (one per seed) shows `mean ± sd` per metric, and the
+    header says so with n."""
+    return comparison(named_results, metrics, display)["table"]
 
 
 def overall_values(per_seed: Mapping[str, Mapping[str, Any]], metric: str) -> list[float]:
@@ -244,12 +371,21 @@ def overall_values(per_seed: Mapping[str, Mapping[str, Any]], metric: str) -> li
 
 
 def claim_lines(per_seed: Mapping[str, Mapping[str, Any]], baseline: str, metric: str, label: str,
-                fmt: str = ".4f") -> list[str]:
-    """`variant > baseline` on the overall `metric`, checked with `claim`, one line per other variant."""
+                fmt: str = ".4f", over: Sequence[str] | None = None) -> list[str]:
+    """`variant > baseline` on the overall `metric`, checked with `claim`, one line per other variant.
+
+    `over` names the silos the Overall is taken over where it leaves some out (each line then says
+    so); [] where no silo is common to every line: nothing is then judged, and each line says why."""
     base = overall_values(per_seed[baseline], metric)
+    scope = f" over {', '.join(over)}" if over else ""
     lines = []
     for name, seeds in per_seed.items():
         if name == baseline:
+            continue
+        head = f"{name} > {baseline} (Overall {label}{scope})"
+        if over is not None and not over:
+            lines.append(f"{head}: not judged: no silo has a value in every line, so their Overall is not over "
+                         "the same silos")
             continue
         values = overall_values(seeds, metric)
         (ma, _), (mb, _) = mean_sd(values), mean_sd(base)
@@ -257,8 +393,7 @@ def claim_lines(per_seed: Mapping[str, Mapping[str, Any]], baseline: str, metric
         verdict = claim(values, base)
         if verdict == "reversed":
             verdict = f"reversed ({baseline} > {name} holds)"
-        lines.append(f"{name} > {baseline} (Overall {label}): {spread_cell(values, fmt)} vs "
-                     f"{spread_cell(base, fmt)}, gap {gap}: {verdict}")
+        lines.append(f"{head}: {spread_cell(values, fmt)} vs {spread_cell(base, fmt)}, gap {gap}: {verdict}")
     return lines
 
 
@@ -333,20 +468,25 @@ def run_study(path: str | Path, out: str | Path, assignments: Sequence[str] = ()
     rows: dict[str, Any] = {f"{ref} (no training)": {**first, "test": summary}
                             for ref, summary in (first.get("reference") or {}).items()}
     rows.update({name: list(by_seed.values()) for name, by_seed in results.items()})
-    table = comparison_table(rows, metrics, display)
+    compared = comparison(rows, metrics, display)
+    table = compared["table"]
     table += [[name, *[FAILED] * (len(table[0]) - 1)] for name in failed]
-    per_seed = {name: {str(seed): {"overall": res["test"].get("macro") or {},
+    # overall: over the silos every line has (study.json's overall_clients); macro: the run's own, over its silos
+    per_seed = {name: {str(seed): {"overall": overall, "macro": res["test"].get("macro") or {},
                                    "clients": {r["client"]: r.get("metrics") or {} for r in res["test"]["rows"]},
                                    "cost": cost}
-                       for (seed, res), cost in zip(by_seed.items(), costs[name])}
+                       for (seed, res), overall, cost in zip(by_seed.items(), compared["overall"][name], costs[name])}
                 for name, by_seed in results.items()}
     baseline = settings.baseline or names[0]
     col = column(spec, metrics[0]) or {}
-    checks = claim_lines(per_seed, baseline, metrics[0], col.get("label", metrics[0]),
-                         col.get("fmt", ".4f")) if multi and baseline in results else []
+    first_over = compared["shown_over"][metrics[0]]
+    checks = claim_lines(per_seed, baseline, metrics[0], col.get("label", metrics[0]), col.get("fmt", ".4f"),
+                         first_over if compared["left_out"][metrics[0]] or first_over == [] else None
+                         ) if multi and baseline in results else []
     used = seeds or sorted({s for by_seed in results.values() for s in by_seed})
     study = {"name": settings.name, "title": settings.title, "metrics": metrics, "seeds": used,
-             "table": table, "costs": {name: _mean_cost(c) for name, c in costs.items()},
+             "table": table, "overall_clients": compared["over"], "notes": compared["notes"],
+             "costs": {name: _mean_cost(c) for name, c in costs.items()},
              "variants": {name: str(out / name) for name in results},
              "runs": {name: {str(seed): str(run_dir(out, name, seed, multi)) for seed in by_seed}
                       for name, by_seed in results.items()},
@@ -393,13 +533,21 @@ def _cost_table(costs: Mapping[str, Mapping[str, float]], n: int = 1) -> list[li
     return rows
 
 
+OVERALL = "Overall = the mean over the silos every line has a value for, the same silos in every line."
+
+
 def _caption(study: Mapping[str, Any]) -> str:
     seeds = study["seeds"]
     if "spread" not in study:
-        return "Test set; Overall = the mean over silos."
-    return (f"Test set; Overall = the mean over silos. Each cell: mean ± sd over n = {len(seeds)} seeds "
+        return f"Test set; {OVERALL}"
+    return (f"Test set; {OVERALL} Each cell: mean ± sd over n = {len(seeds)} seeds "
             f"({', '.join(map(str, seeds))}), {SPREAD}; the no-training reference rows do not depend on "
             "the seed and show one value.")
+
+
+def _notes(study: Mapping[str, Any]) -> list[str]:
+    """The notes under the table (which silos Overall leaves out; lines marked †), each a paragraph."""
+    return [line for note in study.get("notes") or [] for line in (note, "")]
 
 
 def _write(out: Path, settings: StudySettings, study: dict) -> None:
@@ -411,8 +559,8 @@ def _write(out: Path, settings: StudySettings, study: dict) -> None:
             for name, by_seed in study["runs"].items()]
     runs += [f"- {name}{f' seed {s}' if n > 1 else ''}: failed: {why}"
              for name, seeds in study.get("failed", {}).items() for s, why in seeds.items()]
-    lines = [f"# {settings.title or settings.name}\n", _caption(study), "",
-             markdown_table(study["table"]), "", *checks, "## Cost\n", "Parameters sent over the whole run (all "
+    lines = [f"# {settings.title or settings.name}\n", _caption(study), "", markdown_table(study["table"]), "",
+             *_notes(study), *checks, "## Cost\n", "Parameters sent over the whole run (all "
              "clients, all rounds); a silo trained alone sends nothing." + (" Mean over the seeds." if n > 1 else ""),
              "", markdown_table(_cost_table(study["costs"], n)), "", "## Runs\n", *runs, ""]
     out.mkdir(parents=True, exist_ok=True)
@@ -424,6 +572,8 @@ def _print(console, settings: StudySettings, study: dict) -> None:
     n = len(study["seeds"]) if "spread" in study else 1
     title = settings.title or settings.name
     print_grid(console, title if n == 1 else f"{title} — mean ± sd over {n} seeds, {SPREAD}", study["table"])
+    for note in study.get("notes") or []:
+        console.print(note, highlight=False)
     if study.get("checks"):
         console.print(f"Against {study['baseline']} ({RULE}):", highlight=False)
         for line in study["checks"]:
