@@ -2,7 +2,6 @@ import gzip
 import json
 import warnings
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -284,9 +283,9 @@ def test_missing_file_and_unknown_domain(tmp_path):
 def test_verify_data_dir(tmp_path):
     _tatoeba(tmp_path, [("Go.", "Geh.")])
     with pytest.raises(DataError, match=r"translation data file not found: .*ende_de_dev\.json"):
-        verify_data_dir(SimpleNamespace(silos=["tatoeba", "docs"]), tmp_path)
+        verify_data_dir(["tatoeba", "docs"], tmp_path)
     with pytest.warns(DataChangedWarning, match=r"not the pinned benchmark files.*tatoeba/deu\.txt"):
-        verify_data_dir(SimpleNamespace(silos=["tatoeba"]), tmp_path)
+        verify_data_dir(["tatoeba"], tmp_path)
 
 
 # ---- the prepared-splits cache -------------------------------------------------------------
@@ -393,7 +392,7 @@ def test_real_cached_load_is_identical(real, tmp_path):
 def test_real_files_match_the_manifest(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        verify_data_dir(SimpleNamespace(silos=list(DOMAINS)), NMT)
+        verify_data_dir(list(DOMAINS), NMT)
     datafetch.ensure("translation", tmp_path / "copy", mirror=NMT, progress=False)
     # the shared data root keeps this task's files under nmt/: found without naming that folder
     datafetch.ensure("translation", tmp_path / "root-copy", mirror=NMT.parent, progress=False)

@@ -57,8 +57,9 @@ def dp_run(tmp_path_factory):
 def test_tokenizer_is_fitted_on_the_news_training_pairs_only(monkeypatch):
     from fedsilo.tasks.translation import task as task_module
     seen = []
-    real_load = task_module.load_domain
-    monkeypatch.setattr(task_module, "load_domain", lambda d, domain: seen.append(domain) or real_load(d, domain))
+    real_load = task_module.load_silo
+    monkeypatch.setattr(task_module, "load_silo",
+                        lambda settings, domain, d: seen.append(domain) or real_load(settings, domain, d))
     from fedsilo.recipe import task_tokenizer
     tok = task_tokenizer(validate(nmt_config()))()
     assert seen == ["news"]
@@ -153,8 +154,15 @@ def test_resume_with_dynamic_pulling_state_equals_uninterrupted(dp_run, tmp_path
 def test_init_from_a_run_directory_starts_from_its_best_model_and_tokenizer(dp_run, tmp_path):
     source, _ = dp_run
     best = torch.load(source / "best.pt", weights_only=True)["server"]["params"]
-    # another vocabulary size would fit another tokenizer: the run's saved one is used instead
-    cfg = validate(nmt_config(model={"init_from": str(source)}, task={"vocab_size": 300}))
+    # the run's saved tokenizer is used: another vocabulary size is refused by name, not ignored ...
+    with pytest.raises(ConfigError, match=r"task\.vocab_size = 300: not read, model\.init_from = .* fitted with "
+                                          r"vocab_size = 400"):
+        validate(nmt_config(model={"init_from": str(source)}, task={"vocab_size": 300}))
+    # ... and one left out is the saved tokenizer's (what this run's config.toml records), not the default
+    raw = nmt_config(model={"init_from": str(source)})
+    del raw["task"]["vocab_size"]
+    cfg = validate(raw)
+    assert cfg.task.vocab_size == 400
     model, tok = build_model(cfg)
     assert len(tok) == best["model.shared.weight"].shape[0]
     params = dict(model.named_parameters())

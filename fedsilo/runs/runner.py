@@ -22,6 +22,7 @@ from fedsilo.tasks.base import NONFINITE, MetricSpec, WithReferences, select_bes
 
 from fedsilo.recipe import (TOKENIZER_DIR, build_model, build_recipe, build_server, build_task, store_root,
                             task_tokenizer)
+from .datacheck import check_at_start
 from .lock import RunLock
 from .rundir import RunDir, RunDirError, config_hash
 
@@ -203,8 +204,10 @@ def run_local(cfg: RunConfig, run: RunDir, resume: bool = False, progress: Progr
     from fedsilo.engines.local import LocalEngine
 
     progress = progress or Progress(enabled=False)
+    run.prepare(cfg, resume)  # a refused run directory is left as it was, before the data is read
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
+        check_at_start(cfg, run.path, resume, progress.warn)
         model, tokenizer = build_model(cfg)
         task = build_task(cfg, tokenizer)
     for message in _surface(caught):

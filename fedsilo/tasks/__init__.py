@@ -5,11 +5,13 @@ is a `TaskPlugin` that builds the task lazily, so validating a config imports no
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedsilo.registry import Registry
 
@@ -20,6 +22,38 @@ class TaskSettings(BaseModel):
     name: str
     data_dir: str | None = Field(None, description="None: fetch and verify into the data cache")
     eval_batch_size: int = Field(32, gt=0)
+
+    BENCHMARK: ClassVar[tuple[str, ...]] = ()   # the benchmark's silo names (sources of format "benchmark")
+    DISPLAY: ClassVar[dict[str, str]] = {}      # their names in tables
+
+    @model_validator(mode="before")
+    @classmethod
+    def _silos_default_to_sources(cls, raw: Any) -> Any:
+        """With own sources and no `silos`, the run's silos are the sources (in config order)."""
+        if isinstance(raw, dict) and raw.get("sources") and "silos" not in raw and "silos" in cls.model_fields:
+            return {**raw, "silos": list(raw["sources"])}
+        return raw
+
+    def own_source(self, silo: str):
+        """Silo `silo`'s own source (a `fedsilo.sources.SourceSettings`), None for a benchmark silo."""
+        source = (getattr(self, "sources", None) or {}).get(silo)
+        return None if source is None or source.is_benchmark else source
+
+    def needed_silos(self) -> list[str]:
+        """Every silo whose data this config reads (the run's, and any read besides: a test matrix)."""
+        return self.client_names()
+
+    def needs_benchmark(self) -> bool:
+        """Whether any silo read is a benchmark silo (else no benchmark files are fetched)."""
+        return any(self.own_source(s) is None for s in self.needed_silos())
+
+    def display_names(self) -> dict[str, str]:
+        """silo → its name in tables: an own source's `display`, else the benchmark's, else its name."""
+        out = dict(self.DISPLAY)
+        for name, source in (getattr(self, "sources", None) or {}).items():
+            if source.display:
+                out[name] = source.display
+        return out
 
     def client_names(self) -> list[str]:
         """The participants this config selects (silos, or multi-task clients)."""
@@ -32,6 +66,24 @@ class TaskSettings(BaseModel):
     def for_silos(self, names: list[str]) -> "TaskSettings":
         """These settings as one machine holding only `names` sees them (a Flower silo)."""
         return self.model_copy(update={"silos": list(names)})
+
+
+SILO_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def check_sources(sources: dict, benchmark: Sequence[str]) -> dict:
+    """`[task.sources.NAME]` entries: a name fit for a folder; "benchmark" only for a benchmark
+    silo's name, and a benchmark silo's name only for "benchmark" (an own silo must not pass for it)."""
+    for name, source in sources.items():
+        if not SILO_NAME.fullmatch(name):
+            raise ValueError(f"sources.{name}: a silo name is letters, digits, '_', '-', '.' (at most 64, "
+                             "starting with a letter or digit): it names the silo's folder in a run")
+        if source.is_benchmark and name not in benchmark:
+            raise ValueError(f"sources.{name}: format = \"benchmark\" but no benchmark silo is called {name!r}; "
+                             f"they are {', '.join(benchmark)}")
+        if not source.is_benchmark and name in benchmark:
+            raise ValueError(f"sources.{name}: {name!r} is a benchmark silo's name; give your silo another name")
+    return sources
 
 
 def check_names(names: list[str], known: Sequence[str], kind: str = "silo", what: str = "silos",
@@ -67,10 +119,15 @@ class TaskPlugin:
     # (settings, silo) -> the files (relative to the data folder) one silo's machine needs;
     # None: the files named after the silo (text2sql's NAME.json, NAME-schema.csv)
     silo_files: Callable[[TaskSettings, str], list[str]] | None = None
+    # (settings, silo, data_dir) -> a `fedsilo.sources.check.SiloCheck` of that silo's data, every
+    # malformed row listed (not refused); None: `fedsilo data check` counts the built task's examples
+    inspect: Callable[[TaskSettings, str, Path | None], object] | None = None
 
     def data_dir(self, settings: TaskSettings) -> Path | None:
         """The task's verified data folder: `data_dir` as given (checked by `verify`), else fetched
         into the cache."""
+        if not settings.needs_benchmark():
+            return None  # own sources only: they name their own files
         if settings.data_dir:
             path = Path(settings.data_dir)
             if not path.is_dir():

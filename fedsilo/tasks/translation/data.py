@@ -26,20 +26,21 @@ import json
 import random
 import zlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedsilo.datafetch import DataError, require_files, warn_if_unpinned
+from fedsilo.sources.check import Item, SiloCheck, inspect_items
+from fedsilo.sources.load import Loaded, accept, load_rows
 
 from ..prepared import cache_path, package_version, read_cache, write_cache
+from .plugin import DISPLAY, DOMAINS, TranslationSettings
 
 __all__ = [
     "DOMAINS", "DISPLAY", "SPLITS", "SPLIT_COUNTS", "PREPARE_VERSION", "DataError", "Pair",
-    "load_domain", "required_files", "verify_data_dir", "split_size",
+    "load_domain", "load_silo", "own_pairs", "items", "inspect_silo", "required_files", "verify_data_dir", "split_size",
 ]
 
-DOMAINS = ("news", "ted", "tatoeba", "docs", "ui")
-DISPLAY = {"news": "News", "ted": "TED", "tatoeba": "Tatoeba", "docs": "Software docs", "ui": "Software UI"}
 SPLITS = ("train", "dev", "test")
 
 PREPARE_VERSION = 2
@@ -85,6 +86,41 @@ class Pair:
     domain: str
     source: str
     target: str
+    where: str = field(default="", compare=False)  # an own silo's file:line ("" for the benchmark's)
+
+
+def load_silo(settings: TranslationSettings, domain: str, data_dir: Path | None) -> dict[str, list[Pair]]:
+    """A silo's pairs per split: its own source's files (malformed rows refused or skipped as the
+    source says), else the benchmark domain's from `data_dir`."""
+    source = settings.own_source(domain)
+    if source is None:
+        return load_domain(data_dir, domain)
+    loaded = load_rows(domain, source)
+    accept(loaded, source)
+    return own_pairs(loaded)
+
+
+def own_pairs(loaded: Loaded) -> dict[str, list[Pair]]:
+    """Rows as pairs, text as written (stripped: no normalisation, the references are scored as given)."""
+    return {split: [Pair(loaded.name, r.values["source"], r.values["target"], r.where) for r in rows]
+            for split, rows in loaded.splits.items()}
+
+
+def items(pairs: Iterable[Pair]) -> list[Item]:
+    """Pairs as `fedsilo data check` compares them: grouped by source."""
+    return [Item(p.where, p.source, (p.source, p.target)) for p in pairs]
+
+
+def inspect_silo(settings: TranslationSettings, domain: str, data_dir: Path | None) -> SiloCheck:
+    """`fedsilo data check`'s view of one silo (every malformed row listed, none refused here)."""
+    source = settings.own_source(domain)
+    if source is None:
+        splits = load_domain(data_dir, domain)
+        return inspect_items(domain, "benchmark", "pairs", {s: items(v) for s, v in splits.items()}, "source",
+                             files=[Path(data_dir) / f for f in required_files([domain])])
+    loaded = load_rows(domain, source)
+    return inspect_items(domain, source.format_name, "pairs", {s: items(v) for s, v in own_pairs(loaded).items()},
+                         "source", loaded.problems, source.bad_rows == "skip", loaded.files)
 
 
 def required_files(domains: Iterable[str]) -> list[str]:
@@ -109,12 +145,12 @@ def load_domain(data_dir: str | Path, domain: str) -> dict[str, list[Pair]]:
     return {split: [Pair(domain, s, t) for s, t in splits[split]] for split in SPLITS}
 
 
-def verify_data_dir(settings, data_dir: Path) -> None:
-    """An explicit ``task.data_dir``, checked as the cache is: the files the selected domains
-    (``settings.silos``) need exist, and files that differ from the pinned ones are warned about.
-    Records are checked as they load."""
+def verify_data_dir(domains: Iterable[str], data_dir: Path) -> None:
+    """An explicit ``task.data_dir``, checked as the cache is: the files the benchmark ``domains``
+    need exist, and files that differ from the pinned ones are warned about. Records are checked as
+    they load."""
     data_dir = Path(data_dir)
-    names = required_files(settings.silos)
+    names = required_files(domains)
     require_files("translation", data_dir, names)
     warn_if_unpinned("translation", data_dir, names)
 

@@ -1,22 +1,33 @@
 """translation's registration: its config section, a lazy builder and its tokenizer (no model code here)."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
-from fedsilo.tasks import TASKS, TaskPlugin, TaskSettings, check_names
+from fedsilo.sources.settings import Roles, SourceSettings
+from fedsilo.tasks import TASKS, TaskPlugin, TaskSettings, check_names, check_sources
 
-DOMAINS = ("news", "ted", "tatoeba", "docs", "ui")  # = data.DOMAINS (kept here: no data code on import)
+DOMAINS = ("news", "ted", "tatoeba", "docs", "ui")  # the benchmark's silos (no data code on import)
+DISPLAY = {"news": "News", "ted": "TED", "tatoeba": "Tatoeba", "docs": "Software docs", "ui": "Software UI"}
 
 
-def _domains(v: list[str], what: str, empty_ok: bool = False) -> list[str]:
-    return check_names(v, DOMAINS, "domain", what, empty_ok)
+class PairSource(SourceSettings):
+    """An own translation silo: one (source sentence, reference translation) per row."""
+    ROLES: ClassVar[Roles] = Roles(("source", "target"), key="source")
 
 
 class TranslationSettings(TaskSettings):
+    BENCHMARK: ClassVar[tuple[str, ...]] = DOMAINS
+    DISPLAY: ClassVar[dict[str, str]] = DISPLAY
+
     name: Literal["translation"] = "translation"
-    silos: list[str] = Field(default_factory=lambda: list(DOMAINS), description="one client per domain")
+    sources: dict[str, PairSource] = Field(
+        default_factory=dict, description="own silos (and benchmark ones, format = \"benchmark\") by name: "
+                                          "their files, format, fields and splits (docs/your-data.md)")
+    silos: list[str] = Field(default_factory=lambda: list(DOMAINS),
+                             description="the run's silos: benchmark domains and [task.sources] names (default: "
+                                         "the sources if any, else the five domains)")
     max_train: int = Field(0, ge=0, description="train pairs per domain, a fixed subsample (0 = all)")
     max_eval: int = Field(0, ge=0, description="dev/test pairs per domain, a fixed subsample (0 = all)")
     max_source_length: int = Field(128, gt=0, le=1024)
@@ -28,33 +39,40 @@ class TranslationSettings(TaskSettings):
     matrix: list[str] | None = Field(None, description="domains of the cross-domain test matrix (every "
                                                        "model x every domain); None: all five, []: off")
 
-    @field_validator("silos")
+    @field_validator("sources")
     @classmethod
-    def _silos(cls, v: list[str]) -> list[str]:
-        return _domains(v, "silos")
+    def _sources(cls, v: dict[str, PairSource]) -> dict[str, PairSource]:
+        return check_sources(v, DOMAINS)
 
-    @field_validator("matrix")
-    @classmethod
-    def _matrix(cls, v: list[str] | None) -> list[str] | None:
-        return v if v is None else _domains(v, "matrix", empty_ok=True)
-
-    @field_validator("tokenizer_domain")
-    @classmethod
-    def _tokenizer_domain(cls, v: str) -> str:
-        return _domains([v], "tokenizer_domain")[0]
+    @model_validator(mode="after")
+    def _known_names(self) -> "TranslationSettings":
+        known = self.known_clients()
+        check_names(self.silos, known, "silo", "silos")
+        if self.matrix is not None:
+            check_names(self.matrix, known, "domain", "matrix", empty_ok=True)
+        check_names([self.tokenizer_domain], known, "domain", "tokenizer_domain")
+        return self
 
     def client_names(self) -> list[str]:
         return list(self.silos)
 
     def known_clients(self) -> list[str]:
-        return list(DOMAINS)
+        return list(dict.fromkeys([*DOMAINS, *self.sources]))
 
     def matrix_domains(self) -> list[str]:
-        return list(DOMAINS) if self.matrix is None else list(self.matrix)
+        """The test matrix's domains: given, else the five benchmark domains and the run's own silos."""
+        if self.matrix is not None:
+            return list(self.matrix)
+        return list(dict.fromkeys([*DOMAINS, *(s for s in self.silos if self.own_source(s))]))
+
+    def needed_silos(self) -> list[str]:
+        return self.needed_domains()
 
     def for_silos(self, names: list[str]) -> "TranslationSettings":
         """A silo's machine holds its own domain only: no cross-domain matrix there."""
-        return self.model_copy(update={"silos": list(names), "matrix": []})
+        return self.model_copy(update={"silos": list(names), "matrix": [],
+                                       "sources": {k: v for k, v in self.sources.items() if k in names
+                                                   or k == self.tokenizer_domain}})
 
     def needed_domains(self) -> list[str]:
         """Every domain whose files this config reads: silos, matrix, the tokenizer's."""
@@ -73,7 +91,7 @@ def _spec():
 
 def _verify(settings: TranslationSettings, data_dir) -> None:
     from .data import verify_data_dir
-    verify_data_dir(settings.model_copy(update={"silos": settings.needed_domains()}), data_dir)
+    verify_data_dir([d for d in settings.needed_domains() if not settings.own_source(d)], data_dir)
 
 
 def _tokenizer(settings: TranslationSettings, data_dir):
@@ -84,9 +102,16 @@ def _tokenizer(settings: TranslationSettings, data_dir):
 def _silo_files(settings: TranslationSettings, silo: str) -> list[str]:
     """A silo's own domain, and the generic engine's data its tokenizer is fitted on (public)."""
     from .data import required_files
-    return required_files(settings.for_silos([silo]).needed_domains())
+    own = settings.for_silos([silo])
+    return required_files([d for d in own.needed_domains() if not own.own_source(d)])
+
+
+def _inspect(settings: TranslationSettings, silo: str, data_dir):
+    from .data import inspect_silo
+    return inspect_silo(settings, silo, data_dir)
 
 
 TASKS.register("translation", TranslationSettings)(TaskPlugin(
     build=_build, spec=_spec, data="translation", verify=_verify, tokenizer=_tokenizer, silo_files=_silo_files,
+    inspect=_inspect,
     default_model={"kind": "seq2seq", "name": "transformer"}))

@@ -18,7 +18,7 @@ from fedsilo.datafetch import default_data_root
 from fedsilo.tasks.base import fixed_subsample
 from fedsilo.tasks.tokens import RowMemo, pad_seq2seq, sorted_batches
 
-from .data import DISPLAY, DataError, Pair, load_domain
+from .data import DataError, Pair, load_silo
 from .metrics import SPEC, bleu_stats, signatures
 from .plugin import TranslationSettings
 
@@ -33,7 +33,8 @@ def task_tokenizer(settings: TranslationSettings, data_dir: Path):
     from .tokenizer import load_or_fit
 
     def texts() -> list[str]:
-        return [t for p in load_domain(data_dir, settings.tokenizer_domain)["train"] for t in (p.source, p.target)]
+        return [t for p in load_silo(settings, settings.tokenizer_domain, data_dir)["train"]
+                for t in (p.source, p.target)]
 
     return load_or_fit(texts, {"domain": settings.tokenizer_domain}, default_data_root() / "prepared" /
                        "translation" / "tokenizers", settings.vocab_size, settings.tokenizer_model)
@@ -44,17 +45,19 @@ class TranslationTask:
     """The chosen domains as silos; the matrix domains' dev/test sets are loaded too."""
     name = "translation"
     spec = SPEC
-    display = DISPLAY
 
-    def __init__(self, settings: TranslationSettings, tokenizer, data_dir: str | Path) -> None:
-        self.settings, self.tokenizer, self.data_dir = settings, tokenizer, Path(data_dir)
+    def __init__(self, settings: TranslationSettings, tokenizer, data_dir: str | Path | None) -> None:
+        self.settings, self.tokenizer = settings, tokenizer
+        self.data_dir = Path(data_dir) if data_dir is not None else None
+        self.display = settings.display_names()
         self.splits: dict[str, dict[str, list[Pair]]] = {}
         self.rows = RowMemo(self)
         for domain in dict.fromkeys([*settings.silos, *settings.matrix_domains()]):
-            raw = load_domain(self.data_dir, domain)
+            raw = load_silo(settings, domain, self.data_dir)
             empty = [s for s in SPLITS if not raw[s]]
             if empty:
-                raise DataError(f"{self.data_dir}: translation domain {domain} has no {' / '.join(empty)} pairs")
+                where = settings.own_source(domain).path if settings.own_source(domain) else self.data_dir
+                raise DataError(f"{where}: translation silo {domain} has no {' / '.join(empty)} pairs")
             self.splits[domain] = {
                 "train": fixed_subsample(raw["train"], settings.max_train, f"{domain}/train"),
                 "dev": fixed_subsample(raw["dev"], settings.max_eval, f"{domain}/dev"),
@@ -90,6 +93,19 @@ class TranslationTask:
                                  truncation=True, return_token_type_ids=False,
                                  return_attention_mask=False)["input_ids"]
         return [{"input_ids": torch.tensor(a), "labels": torch.tensor(b)} for a, b in zip(sources, targets)]
+
+    def length_checks(self, client: str) -> list:
+        """Token lengths of the silo's sources and targets (+ EOS), uncut, against their limits."""
+        from fedsilo.sources.check import Lengths
+
+        pairs = [p for split in SPLITS for p in self.examples(client, split)]
+        s = self.settings
+        src = self.tokenizer([p.source for p in pairs], return_token_type_ids=False,
+                             return_attention_mask=False)["input_ids"]
+        tgt = self.tokenizer(text_target=[p.target for p in pairs], return_token_type_ids=False,
+                             return_attention_mask=False)["input_ids"]
+        return [Lengths("source tokens", "task.max_source_length", s.max_source_length, tuple(map(len, src))),
+                Lengths("target tokens (+ EOS)", "task.max_target_length", s.max_target_length, tuple(map(len, tgt)))]
 
     def pad(self, rows: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         return pad_seq2seq(rows, self.tokenizer.pad_token_id)

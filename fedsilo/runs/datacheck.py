@@ -1,0 +1,107 @@
+"""Every silo's data checked before anything trains: `fedsilo data check CONFIG`, and the same
+check at the start of every run (`check_at_start`), which also records each file's fingerprint in
+the run directory and, on a resume, names any file that changed since the run began.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from fedsilo.config import RunConfig
+from fedsilo.errors import DataError
+from fedsilo.sources.check import Item, SiloCheck, inspect_items
+from fedsilo.sources.fingerprint import record
+from fedsilo.tasks import TASKS
+
+SPLITS = ("train", "dev", "test")
+
+
+def inspect_silos(cfg: RunConfig, silos: list[str] | None = None, build: bool = True) -> list[SiloCheck]:
+    """One `SiloCheck` per silo of the run (or `silos`), from the task's `inspect`; a task without
+    one (a user's plug-in) is built and its examples counted (unless not `build`: then none)."""
+    plugin = TASKS.get(cfg.task.name)
+    silos = silos if silos is not None else cfg.task.client_names()
+    if plugin.inspect is not None:
+        data_dir = plugin.data_dir(cfg.task)
+        return [plugin.inspect(cfg.task, silo, data_dir) for silo in silos]
+    if not build:
+        return []
+    from fedsilo.recipe import build_model, build_task
+
+    task = build_task(cfg, build_model(cfg)[1], silos)
+    return [inspect_items(silo, "plug-in", "examples",
+                          {s: [Item("", repr(x), (repr(x),)) for x in task.examples(silo, s)] for s in SPLITS},
+                          "example") for silo in silos]
+
+
+def add_lengths(cfg: RunConfig, checks: list[SiloCheck]) -> None:
+    """Each silo's token lengths against the model's limits, through the run's own tokenizer and task
+    (a task without `length_checks` has none)."""
+    from fedsilo.recipe import build_model, build_task
+
+    _, tokenizer = build_model(cfg)
+    task = build_task(cfg, tokenizer, [c.name for c in checks])
+    if not hasattr(task, "length_checks"):
+        return
+    for c in checks:
+        c.lengths = task.length_checks(c.name)
+
+
+def warnings_of(check: SiloCheck) -> list[str]:
+    """What a run says before it trains (a check's blocking findings are its error instead)."""
+    out = []  # rows left out by bad_rows = "skip" are warned about by the loader, on every engine
+    for split, dups in check.duplicates.items():
+        out.append(f"silo {check.name}: {len(dups)} exact duplicate example(s) in {split}, first {dups[0][0]} "
+                   f"(repeats {dups[0][1]})")
+    for pair, keys in check.overlap.items():
+        out.append(f"silo {check.name}: {len(keys)} {check.key_name}(s) in both {pair}, e.g. {keys[0][:60]!r}: "
+                   "evaluation sees them in training")
+    return out
+
+
+def blocking_error(checks: list[SiloCheck]) -> DataError | None:
+    bad = [c for c in checks if c.blocking]
+    if not bad:
+        return None
+    parts = []
+    for c in bad:
+        if c.problems and not c.skip_bad:
+            shown = "; ".join(str(p) for p in c.problems[:3])
+            more = f" (and {len(c.problems) - 3} more)" if len(c.problems) > 3 else ""
+            parts.append(f"silo {c.name}: {len(c.problems)} malformed row(s): {shown}{more}")
+        if c.empty_splits:
+            parts.append(f"silo {c.name}: no {' / '.join(c.empty_splits)} {c.unit}")
+    return DataError("; ".join(parts) + ". `fedsilo data check CONFIG` lists every finding; fix the files, or set "
+                     "bad_rows = \"skip\" in the silo's [task.sources.NAME] to leave malformed rows out")
+
+
+def check_at_start(cfg: RunConfig, run_dir: Path, resume: bool, warn: Callable[[str], None],
+                   silos: list[str] | None = None) -> list[SiloCheck]:
+    """The check of `fedsilo data check` (lengths aside): blocking findings stop the run before it
+    trains, the rest are warned about; fingerprints go to the run directory, and on a resume a file
+    changed since the run began is warned about by name."""
+    checks = inspect_silos(cfg, silos, build=False)
+    error = blocking_error(checks)
+    if error is not None:
+        raise error
+    for check in checks:
+        for line in warnings_of(check):
+            warn(line)
+    for line in record(run_dir, {c.name: c.files for c in checks}, resume):
+        warn(line)
+    return checks
+
+
+def report(checks: list[SiloCheck]) -> str:
+    lines = []
+    for c in checks:
+        lines += c.lines()
+    blocking = [c.name for c in checks if c.blocking]
+    lines.append(f"{len(checks)} silo(s) checked: " + (f"{len(blocking)} cannot be run ({', '.join(blocking)})"
+                                                        if blocking else "ready to run"))
+    return "\n".join(lines)
+
+
+def write_json(checks: list[SiloCheck], path: Path) -> None:
+    path.write_text(json.dumps([c.to_json() for c in checks], indent=1) + "\n")

@@ -1,0 +1,129 @@
+"""What `fedsilo data check` says about one silo: malformed rows by file:line, examples per split,
+exact duplicates within a split, keys (sources, questions) shared between splits, how many texts fit
+the model's length limits, and each file's fingerprint. Blocking: a malformed row the source does
+not skip, or an empty split; the rest are warnings a user should read before training.
+"""
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .fingerprint import fingerprints
+from .load import group_key
+from .read import Problem
+from .settings import SPLITS
+
+SHOWN = 20  # problems, duplicates, overlaps listed per silo
+
+
+@dataclass(frozen=True)
+class Item:
+    """One example as the check sees it: where it comes from, the text that groups it (the source,
+    the question), and its whole content (equal contents are duplicates)."""
+    where: str
+    key: str
+    content: tuple
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """Token lengths of one kind of text against the setting that cuts it."""
+    what: str        # e.g. "target tokens (+ EOS)"
+    setting: str     # e.g. "task.max_target_length"
+    limit: int
+    values: tuple[int, ...]
+
+    @property
+    def fit(self) -> int:
+        return sum(v <= self.limit for v in self.values)
+
+    def line(self) -> str:
+        v = sorted(self.values)
+        if not v:
+            return f"{self.what}: none"
+        p95 = v[min(len(v) - 1, int(0.95 * len(v)))]
+        return (f"{self.what}: median {statistics.median(v):g}, p95 {p95}, max {v[-1]}; {self.fit}/{len(v)} "
+                f"({100 * self.fit / len(v):.1f}%) of the run's texts fit {self.setting} = {self.limit}")
+
+
+@dataclass
+class SiloCheck:
+    name: str
+    kind: str                                   # "benchmark" or the own files' format
+    unit: str                                   # what a count counts ("pairs", "questions")
+    counts: dict[str, int]
+    problems: list[Problem] = field(default_factory=list)
+    skip_bad: bool = False                      # bad_rows = "skip": problems leave rows out, not the run
+    duplicates: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # split → (where, first seen)
+    overlap: dict[str, list[str]] = field(default_factory=dict)                  # "train/test" → shared keys
+    key_name: str = "key"
+    files: dict[str, dict] = field(default_factory=dict)
+    lengths: list[Lengths] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def empty_splits(self) -> list[str]:
+        return [s for s in SPLITS if not self.counts.get(s)]
+
+    @property
+    def blocking(self) -> bool:
+        return bool((self.problems and not self.skip_bad) or self.empty_splits)
+
+    def lines(self) -> list[str]:
+        out = [f"silo {self.name} ({self.kind}): " + ", ".join(f"{self.counts.get(s, 0)} {s}" for s in SPLITS)
+               + f" {self.unit}"]
+        if self.problems:
+            verb = "left out (bad_rows = \"skip\")" if self.skip_bad else "stop a run"
+            out.append(f"  {len(self.problems)} malformed row(s), which {verb}:")
+            out += [f"    {p}" for p in self.problems[:SHOWN]]
+            if len(self.problems) > SHOWN:
+                out.append(f"    ... and {len(self.problems) - SHOWN} more")
+        for s in self.empty_splits:
+            out.append(f"  no {s} {self.unit}: a run needs every split")
+        for split, dups in self.duplicates.items():
+            out.append(f"  {len(dups)} exact duplicate(s) in {split} (kept as they are):")
+            out += [f"    {where} repeats {first}" for where, first in dups[:SHOWN // 4]]
+        for pair, keys in self.overlap.items():
+            out.append(f"  {len(keys)} {self.key_name}(s) in both {pair} (evaluation sees them in training): "
+                       + "; ".join(repr(k[:60]) for k in keys[:3]))
+        out += [f"  {length.line()}" for length in self.lengths]
+        out += [f"  {note}" for note in self.notes]
+        for path, fp in self.files.items():
+            out.append(f"  file {path}: {fp['bytes']} bytes, sha256 {fp['sha256'][:16]}")
+        return out
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "unit": self.unit, "counts": self.counts,
+                "problems": [str(p) for p in self.problems], "skip_bad": self.skip_bad,
+                "duplicates": {s: len(d) for s, d in self.duplicates.items()},
+                "overlap": {p: len(k) for p, k in self.overlap.items()}, "blocking": self.blocking,
+                "lengths": [{"what": x.what, "setting": x.setting, "limit": x.limit, "n": len(x.values),
+                             "fit": x.fit, "max": max(x.values, default=0)} for x in self.lengths],
+                "files": self.files}
+
+
+def inspect_items(name: str, kind: str, unit: str, splits: Mapping[str, Sequence[Item]], key_name: str,
+                  problems: Sequence[Problem] = (), skip_bad: bool = False,
+                  files: Sequence[Path] = ()) -> SiloCheck:
+    """Counts, duplicates and overlap of one silo's items per split, with its files' fingerprints."""
+    out = SiloCheck(name, kind, unit, {s: len(splits.get(s, ())) for s in SPLITS}, list(problems), skip_bad,
+                    key_name=key_name, files=fingerprints(files))
+    keys: dict[str, set[str]] = {}
+    for split in SPLITS:
+        seen: dict[tuple, str] = {}
+        dups = []
+        for item in splits.get(split, ()):
+            if item.content in seen:
+                dups.append((item.where or "?", seen[item.content] or "?"))
+            else:
+                seen[item.content] = item.where
+        if dups:
+            out.duplicates[split] = dups
+        keys[split] = {group_key(item.key) for item in splits.get(split, ())}
+    for a, b in (("train", "dev"), ("train", "test"), ("dev", "test")):
+        shared = sorted(keys[a] & keys[b])
+        if shared:
+            out.overlap[f"{a}/{b}"] = shared
+    return out

@@ -1,0 +1,102 @@
+"""One source's rows per split: its files read (`read`), and the splits it does not give cut from
+train by a seeded draw of whole groups (rows sharing the `split.by` text), so no key crosses splits.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fedsilo.errors import DataError
+
+from .read import Problem, Row, read_rows
+from .settings import SPLITS, SourceSettings
+
+SHOWN_PROBLEMS = 5  # in a run's error; `fedsilo data check` lists them all
+
+
+@dataclass
+class Loaded:
+    name: str
+    splits: dict[str, list[Row]]
+    problems: list[Problem] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)
+
+
+def group_key(text: str) -> str:
+    """Texts that differ only in case or spacing are one group (one question asked twice)."""
+    return " ".join(text.split()).casefold()
+
+
+def source_files(source: SourceSettings) -> list[Path]:
+    """Every file the source reads, in split order (for `lines`: one per role)."""
+    base = Path(source.path)
+    stems = [base / source.files[s] for s in SPLITS if s in source.files] if source.files else [base]
+    if source.format_name != "lines":
+        return stems
+    roles = [r for r in source.ROLES.all if r in source.ROLES.required or r in source.fields]
+    return [Path(f"{stem}.{source.column(r)}") for stem in stems for r in roles
+            if r in source.ROLES.required or Path(f"{stem}.{source.column(r)}").exists()]
+
+
+def load_rows(name: str, source: SourceSettings) -> Loaded:
+    """Rows per split, and every malformed row as a problem (see `accept`)."""
+    base = Path(source.path)
+    if source.files and not base.is_dir():
+        raise DataError(f"silo {name}: path {base} is not a folder (its files {', '.join(source.files.values())} "
+                        "are read from it)")
+    out = Loaded(name, {}, files=source_files(source))
+    wanted = {s: base / source.files[s] for s in SPLITS if s in source.files} if source.files else {"train": base}
+    for split, path in wanted.items():
+        rows, problems = read_rows(source, path)
+        out.splits[split] = rows
+        out.problems += problems
+    cut = [s for s in ("dev", "test") if s not in out.splits]
+    if cut:
+        out.splits.update(split_by_fraction(name, out.splits.pop("train"), source, cut))
+    out.splits = {s: out.splits[s] for s in SPLITS}
+    return out
+
+
+def split_by_fraction(name: str, rows: list[Row], source: SourceSettings, cut: list[str]) -> dict[str, list[Row]]:
+    """train plus the `cut` splits: each of those gets its share of the groups (rounded half up, at
+    least one), drawn with `split.seed`; file order is kept within a split."""
+    by = source.split_by()
+    keys = list(dict.fromkeys(group_key(_text(r.values.get(by, ""))) for r in rows))
+    sizes = {s: max(1, int(len(keys) * getattr(source.split, s) + 0.5)) for s in cut}
+    if sum(sizes.values()) >= len(keys):
+        raise DataError(f"silo {name}: {len(keys)} distinct {by} value(s) in {source.path} cannot be split into "
+                        f"train and {' and '.join(cut)}; give more rows, or files per split")
+    drawn = random.Random(source.split.seed).sample(keys, len(keys))
+    split_of, i = {}, 0
+    for s in ("test", "dev"):
+        for key in drawn[i:i + sizes.get(s, 0)]:
+            split_of[key] = s
+        i += sizes.get(s, 0)
+    out: dict[str, list[Row]] = {"train": [], **{s: [] for s in cut}}
+    for r in rows:
+        out[split_of.get(group_key(_text(r.values.get(by, ""))), "train")].append(r)
+    return out
+
+
+def _text(value) -> str:
+    return value if isinstance(value, str) else " ".join(value)
+
+
+def accept(loaded: Loaded, source: SourceSettings, problems: list[Problem] | None = None) -> None:
+    """Malformed rows (`problems`, default the loaded ones) stop a run unless the source says
+    bad_rows = "skip" (then they are left out, and a warning counts them)."""
+    import warnings
+
+    problems = loaded.problems if problems is None else problems
+    if not problems:
+        return
+    shown = "; ".join(str(p) for p in problems[:SHOWN_PROBLEMS])
+    more = f" (and {len(problems) - SHOWN_PROBLEMS} more)" if len(problems) > SHOWN_PROBLEMS else ""
+    if source.bad_rows == "skip":
+        warnings.warn(f"silo {loaded.name}: {len(problems)} malformed row(s) left out (bad_rows = \"skip\"): "
+                      f"{shown}{more}", stacklevel=2)
+        return
+    raise DataError(f"silo {loaded.name}: {len(problems)} malformed row(s): {shown}{more}. `fedsilo data check "
+                    f"CONFIG` lists every one; fix them, or set bad_rows = \"skip\" in [task.sources.{loaded.name}] "
+                    "to leave them out")

@@ -1,0 +1,262 @@
+"""Files → rows: each row's role values with the file:line it starts at. A malformed row (bad
+encoding, a missing or empty field, a cell too many) becomes a `Problem` naming its file:line and
+why, never a row with a gap filled in; a file that cannot be read at all (missing, no such column in
+its header, aligned files of different lengths) is a `DataError`.
+"""
+from __future__ import annotations
+
+import codecs
+import csv
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedsilo.errors import DataError
+
+from .settings import SourceSettings
+
+Value = str | list[str]
+
+
+@dataclass(frozen=True)
+class Row:
+    where: str                 # "file:line" of the row's first line
+    values: dict[str, Value]   # role → stripped text (a list for a JSONL list role); optional roles may be absent
+
+
+@dataclass(frozen=True)
+class Problem:
+    where: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.reason}"
+
+
+def read_rows(source: SourceSettings, file: Path) -> tuple[list[Row], list[Problem]]:
+    """Every row of `file` (for `lines`: the prefix of one file per role) in file order."""
+    fmt = source.format_name
+    if fmt == "lines":
+        return _read_lines_format(source, file)
+    text, bad_lines, problems = decode(file, source.encoding)
+    reader = _read_jsonl if fmt == "jsonl" else _read_table
+    rows, more = reader(source, file, text, bad_lines)
+    return rows, problems + more
+
+
+# ---- text -------------------------------------------------------------------------------
+
+def read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise DataError(f"file not found: {path}") from None
+    except IsADirectoryError:
+        raise DataError(f"{path} is a folder, not a file") from None
+    except OSError as e:
+        raise DataError(f"cannot read {path}: {e.strerror or e}") from None
+
+
+def decode(path: Path, encoding: str) -> tuple[str, set[int], list[Problem]]:
+    """(text, lines that did not decode, a problem per such line). A UTF-8 BOM is skipped. An
+    ASCII-compatible encoding is decoded line by line on error, so every bad line is named; another
+    (UTF-16) fails as a whole, at its byte offset."""
+    raw = read_bytes(path)
+    name = codecs.lookup(encoding).name
+    if name == "utf-8" and raw.startswith(codecs.BOM_UTF8):
+        raw = raw[len(codecs.BOM_UTF8):]
+    try:
+        return raw.decode(encoding), set(), []
+    except UnicodeDecodeError as err:
+        if not _ascii_compatible(name):
+            raise DataError(f"{path}: not {encoding} text (byte {err.start}: {err.reason})") from None
+    lines, bad, problems = [], set(), []
+    for n, line in enumerate(raw.split(b"\n"), start=1):
+        try:
+            lines.append(line.decode(encoding))
+        except UnicodeDecodeError as err:
+            bad.add(n)
+            problems.append(Problem(f"{path}:{n}", f"not {encoding} text (byte 0x{line[err.start]:02x} at "
+                                                   f"column {err.start + 1}); is the file in another encoding? "
+                                                   "set encoding in its source"))
+            lines.append(line.decode(encoding, errors="replace"))
+    return "\n".join(lines), bad, problems
+
+
+def _ascii_compatible(name: str) -> bool:
+    try:
+        return "\n".encode(name) == b"\n" and "a".encode(name) == b"a"
+    except (LookupError, UnicodeError):
+        return False
+
+
+def _text_lines(text: str) -> Iterator[tuple[int, str]]:
+    """(line number, line) as `wc -l` counts them; a trailing CR is dropped."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    for n, line in enumerate(lines, start=1):
+        yield n, line.removesuffix("\r")
+
+
+# ---- one value --------------------------------------------------------------------------
+
+def _value(source: SourceSettings, role: str, raw: Any, where: str, what: str) -> tuple[Value | None, str | None]:
+    """(value, None) or (None, the reason the row is malformed). Absent optional roles are (None, None)."""
+    required = role in source.ROLES.required
+    if raw is None:
+        return None, (f"no {what} for {role}" if required else None)
+    if isinstance(raw, list):
+        if role not in source.ROLES.lists:
+            return None, f"{what} ({role}) is a list; expected one text"
+        items = [_scalar(x) for x in raw]
+        if any(x is None for x in items):
+            return None, f"{what} ({role}) holds an item that is not text or a number"
+        if required and not items:
+            return None, f"{what} ({role}) is an empty list"
+        return [x.strip() for x in items], None
+    text = _scalar(raw)
+    if text is None:
+        return None, f"{what} ({role}) is a {type(raw).__name__}; expected text"
+    text = text.strip()
+    if not text:
+        return None, (f"empty {role} ({what})" if required else None)
+    return text, None
+
+
+def _scalar(x: Any) -> str | None:
+    if isinstance(x, bool):
+        return "true" if x else "false"
+    if isinstance(x, (str, int, float)):
+        return str(x)
+    return None
+
+
+def _row(source: SourceSettings, where: str, get) -> tuple[Row | None, Problem | None]:
+    """A row from `get(role) -> (raw value, what it is called)`; the first bad role makes it a problem."""
+    values: dict[str, Value] = {}
+    for role in source.ROLES.all:
+        raw, what = get(role)
+        value, why = _value(source, role, raw, where, what)
+        if why:
+            return None, Problem(where, why)
+        if value is not None:
+            values[role] = value
+    return Row(where, values), None
+
+
+# ---- formats ----------------------------------------------------------------------------
+
+def _read_jsonl(source: SourceSettings, path: Path, text: str, bad: set[int]) -> tuple[list[Row], list[Problem]]:
+    rows, problems = [], []
+    for n, line in _text_lines(text):
+        if n in bad or not line.strip():  # bad: already a problem; blank lines carry no row
+            continue
+        where = f"{path}:{n}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            problems.append(Problem(where, f"not JSON ({err.msg} at column {err.colno})"))
+            continue
+        if not isinstance(obj, dict):
+            problems.append(Problem(where, f"a JSON {type(obj).__name__}; expected an object (one row per line)"))
+            continue
+        row, problem = _row(source, where, lambda r: (obj.get(source.column(r)), f"key {source.column(r)!r}"))
+        rows.append(row) if row else problems.append(problem)
+    return rows, problems
+
+
+def _read_table(source: SourceSettings, path: Path, text: str, bad: set[int]) -> tuple[list[Row], list[Problem]]:
+    """CSV (RFC 4180 quoting, a field may span lines) or TSV (no quoting: a tab ends a field)."""
+    tsv = source.format_name == "tsv"
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t" if tsv else ",",
+                        quoting=csv.QUOTE_NONE if tsv else csv.QUOTE_MINIMAL, strict=not tsv)
+    rows, problems = [], []
+    kind = "tab" if tsv else "comma"
+    header: list[str] | None = None
+    start = 1
+    while True:
+        try:
+            cells = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as err:
+            problems.append(Problem(f"{path}:{reader.line_num}", f"malformed CSV ({err})"))
+            break  # the reader cannot resynchronise after a quoting error
+        first, start = start, reader.line_num + 1
+        if any(n in bad for n in range(first, reader.line_num + 1)):
+            continue
+        if source.header and header is None:
+            header = [c.strip() for c in cells]
+            index = _columns(source, path, header)
+            continue
+        if not any(c.strip() for c in cells):
+            continue  # a blank line
+        where = f"{path}:{first}"
+        if header is not None:
+            if len(cells) != len(header):
+                problems.append(Problem(where, f"{len(cells)} {kind}-separated fields; the header has {len(header)}"
+                                        + ("" if tsv else " (a comma inside a field needs the field in double "
+                                           "quotes)")))
+                continue
+        else:
+            index = {r: source.column(r) for r in source.ROLES.all if isinstance(source.column(r), int)}
+            need = max(index[r] for r in source.ROLES.required) + 1
+            if len(cells) < need:
+                problems.append(Problem(where, f"{len(cells)} {kind}-separated fields; expected at least {need}"))
+                continue
+        row, problem = _row(source, where, lambda r: (
+            cells[index[r]] if r in index and index[r] < len(cells) else None,
+            f"column {header[index[r]] if header and r in index else index.get(r, source.column(r))!r}"))
+        rows.append(row) if row else problems.append(problem)
+    if source.header and header is None:
+        raise DataError(f"{path}: empty file (expected a header line naming the columns)")
+    return rows, problems
+
+
+def _columns(source: SourceSettings, path: Path, header: list[str]) -> dict[str, int]:
+    """role → column index from the header; a required role's column missing is the file's error."""
+    index = {}
+    for role in source.ROLES.all:
+        name = source.column(role)
+        if isinstance(name, int):
+            raise DataError(f"{path}: fields.{role} = {name} is a column index, but the file has a header; "
+                            f"name the column (one of {', '.join(map(repr, header))}) or set header = false")
+        if name in header:
+            index[role] = header.index(name)
+        elif role in source.ROLES.required:
+            hint = "" if role in source.fields else f" (set fields.{role} to the column holding the {role})"
+            raise DataError(f"{path}: line 1: no column {name!r} for {role}{hint}; the header has "
+                            f"{', '.join(map(repr, header))}")
+    return index
+
+
+def _read_lines_format(source: SourceSettings, prefix: Path) -> tuple[list[Row], list[Problem]]:
+    """One file per role, `PREFIX.SUFFIX`, line i of each being one row."""
+    files = {r: Path(f"{prefix}.{source.column(r)}") for r in source.ROLES.all
+             if r in source.ROLES.required or r in source.fields}
+    columns, problems, bad = {}, [], set()
+    for role, path in files.items():
+        if role not in source.ROLES.required and not path.exists():
+            continue
+        text, bad_here, more = decode(path, source.encoding)
+        columns[role] = [line for _, line in _text_lines(text)]
+        bad |= bad_here
+        problems += more
+    first_role = source.ROLES.required[0]
+    lengths = {r: len(lines) for r, lines in columns.items()}
+    if len(set(lengths.values())) > 1:
+        shown = ", ".join(f"{files[r]} has {n}" for r, n in lengths.items())
+        raise DataError(f"line-aligned files differ in length: {shown} lines; line i of each must be one example")
+    rows = []
+    for i in range(lengths[first_role]):
+        if i + 1 in bad:
+            continue
+        where = f"{files[first_role]}:{i + 1}"
+        row, problem = _row(source, where, lambda r: (columns[r][i] if r in columns else None,
+                                                       f"line {i + 1} of {files[r].name}" if r in files else r))
+        rows.append(row) if row else problems.append(problem)
+    return rows, problems
