@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 
 from fedsilo import __version__
-from fedsilo.errors import FedsiloError, UserError
+from fedsilo.errors import ConfigWarning, FedsiloError, UserError
 
 
 def _report(out: Path, show: bool = True) -> Path:
@@ -270,6 +270,16 @@ def _sigterm_unwinds():
     return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
+def _config_warnings_as_lines(show):
+    """`warnings.showwarning` printing a ConfigWarning as one `fedsilo: warning:` line, others as `show` does."""
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, ConfigWarning):
+            print(f"fedsilo: warning: {message}", file=sys.stderr if file is None else file)
+        else:
+            show(message, category, filename, lineno, file, line)
+    return showwarning
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -282,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     restore_sigterm = _sigterm_unwinds()
+    show = warnings.showwarning
+    warnings.showwarning = _config_warnings_as_lines(show)
     try:
         return args.func(args)
     except (FedsiloError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError,
@@ -301,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
               "checkpoint is kept (use --resume)", file=sys.stderr)
         return 143
     finally:
+        warnings.showwarning = show
         restore_sigterm()
 
 

@@ -8,7 +8,9 @@ The `[task]` section is validated by the settings class of the task it names.
 from __future__ import annotations
 
 import math
+import sys
 import tomllib
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,11 +22,11 @@ from fedsilo.client.settings import ClientConfig
 from fedsilo.core.aggregate import AGGREGATIONS, ROBUST_MIN_CLIENTS
 from fedsilo.core.exchange import DOWNLOADS, OVERWRITES, SELECTORS
 from fedsilo.core.messages import STATISTICS, is_statistic
-from fedsilo.core.server_opt import BIAS_CORRECTIONS, SERVER_OPTIMIZERS, unread_correction
+from fedsilo.core.server_opt import BIAS_CORRECTIONS, SERVER_OPTIMIZERS, unread_correction, unread_hyperparameters
 from fedsilo.core.transforms import UPLOAD_TRANSFORMS
 from fedsilo.core.weighting import WEIGHTINGS
-from fedsilo.errors import ConfigError
-from fedsilo.models.settings import ModelConfig
+from fedsilo.errors import ConfigError, ConfigWarning
+from fedsilo.models.settings import ModelConfig, default_name, reads_task_tokenizer, unread_sizes
 from fedsilo.paradigms import PARADIGMS, Paradigm
 from fedsilo.settings import FiniteFloat, Limit, SectionError, Strict, choice, where_what
 from fedsilo.tasks import TASKS, TaskSettings
@@ -85,6 +87,15 @@ class FederationConfig(Strict):
         return v
 
     @model_validator(mode="after")
+    def _one_sample_size(self) -> "FederationConfig":
+        # sample_clients takes sample_count when it is set: a fraction beside it would change nothing.
+        if self.sample_count is not None and self.sample_fraction != 1.0:
+            raise SectionError(f"federation.sample_fraction = {self.sample_fraction}: not read, "
+                               f"federation.sample_count = {self.sample_count} is set and says how many clients "
+                               "train each round; set one")
+        return self
+
+    @model_validator(mode="after")
     def _aggregation(self) -> "FederationConfig":
         AGGREGATIONS.resolve(self.aggregation, self.aggregation_options, "federation.aggregation_options")
         if not AGGREGATIONS.get(self.aggregation).weighted and (self.weighting != "size" or self.weighting_stat or self.max_client_weight):
@@ -111,6 +122,16 @@ class ServerConfig(Strict):
         unread = unread_correction(self.optimizer, self.bias_correction)
         if unread:
             raise ValueError(unread)
+        return self
+
+    @model_validator(mode="after")
+    def _hyperparameters_are_read(self) -> "ServerConfig":
+        # e.g. momentum for fedavg or adam, beta2 for adagrad: a value there would silently change nothing.
+        for key in unread_hyperparameters(self.optimizer):
+            value = getattr(self, key)
+            if value != type(self).model_fields[key].default:
+                raise SectionError(f"server.{key} = {value}: the {self.optimizer!r} server optimizer does not read it "
+                                   f"(see docs/server-optimizers.md); remove it or choose an optimizer that does")
         return self
 
     @property
@@ -177,6 +198,8 @@ class FlowerConfig(Strict):
 class RunConfig(Strict):
     plugins: list[str] = Field(default_factory=list, description="modules imported before the config is "
                                "validated: they register the user's own tasks, policies, hooks")
+    plugin_dir: str | None = Field(None, description="the folder `plugins` are imported from first; default: the "
+                                   "config file's folder, recorded absolute (Flower's processes run elsewhere)")
     name: str = "run"
     seed: int = Field(0, ge=0, lt=2**63)
     paradigm: choice(PARADIGMS) = Field("federated", description="how the silos take part: federated, finetune "
@@ -196,6 +219,28 @@ class RunConfig(Strict):
     @classmethod
     def _task_section(cls, v: Any) -> TaskSettings:
         return v if isinstance(v, TaskSettings) else task_settings(v)
+
+    @field_validator("plugin_dir")
+    @classmethod
+    def _absolute_plugin_dir(cls, v: str | None) -> str | None:
+        return v if v is None else str(Path(v).expanduser().resolve())
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _tokenizer_as_used(cls, data: Any, handler) -> "RunConfig":
+        """With `model.init_from` over a saved tokenizer, the task's tokenizer keys are what that
+        tokenizer was fitted with: one set otherwise is refused, one left out is taken from the
+        source's config.toml (so this run's config.toml records what it uses)."""
+        cfg = handler(data)
+        fill = tokenizer_fill(cfg)
+        if not fill:
+            return cfg
+        try:
+            task = type(cfg.task).model_validate({**cfg.task.model_dump(), **fill})
+        except ValidationError as err:
+            raise SectionError(f"model.init_from: {saved_tokenizer(cfg.model.init_from).parent / 'config.toml'}: "
+                               f"{where_what(err, prefix='task')}") from None
+        return cfg.model_copy(update={"task": task})
 
     @model_validator(mode="after")
     def _overrides_name_clients(self) -> "RunConfig":
@@ -228,6 +273,23 @@ class RunConfig(Strict):
                              f"client(s) per round (it needs at least {ROBUST_MIN_CLIENTS}: the median of two is "
                              "their mean); use more silos, or aggregation = \"mean\" with the update and weight "
                              "limits (max_update_ratio, max_weight_ratio)")
+        return self
+
+    @model_validator(mode="after")
+    def _client_settings_are_read(self) -> "RunConfig":
+        # A [client] key refused where no participant reads it; a [clients.<silo>] key where that silo does not.
+        participants = ["pooled"] if self.participation.pools_silos else self.task.client_names()
+        for key, why in unread_client_keys(self.client).items():
+            value = getattr(self.client, key)
+            if value != ClientConfig.model_fields[key].default and all(
+                    key in unread_client_keys(self.client_config(c)) for c in participants):
+                raise SectionError(f"client.{key} = {_fmt(value)}: nothing reads it ({why}); remove it")
+        for silo, override in self.clients.items():
+            unread = unread_client_keys(self.client_config(silo))
+            for key, value in override.model_dump(exclude_none=True).items():
+                if key in unread:
+                    raise SectionError(f"clients.{silo}.{key} = {_fmt(value)}: nothing reads it ({unread[key]}); "
+                                       "remove it")
         return self
 
     @model_validator(mode="after")
@@ -269,6 +331,133 @@ def task_settings(raw: Any) -> TaskSettings:
         raise SectionError(where_what(err, prefix="task")) from None
 
 
+def unread_client_keys(c: ClientConfig) -> dict[str, str]:
+    """The keys of one silo's [client] section that nothing reads, each with the setting that makes it so
+    (fedsilo/client/silo.py, train.py, schedule.py, batching.py, hooks.py). A user's own after-training
+    pass is given the whole section, so nothing is said then."""
+    if c.after_training is not None:
+        return {}
+    unread = {}
+    if c.steps is not None:
+        unread["epochs"] = f"steps = {c.steps} is set: a round is that many optimiser steps"
+    if c.lr_schedule == "constant":
+        unread["schedule_span"] = "lr_schedule = \"constant\" has no schedule to span"
+    if c.before_training is None:
+        unread["pseudo_source"] = "there is no before_training hook to label with it"
+    if c.batching == "shuffle":
+        unread["length_window"] = "batching = \"shuffle\" has no length windows"
+    return unread
+
+
+# ---- settings another setting makes meaningless: the task's tokenizer keys, model sizes, paradigms
+
+TOKENIZER_DIR = "tokenizer"  # in a run directory: the task tokenizer its model was trained with
+
+# The [task] keys that only shape a task's own tokenizer (TaskPlugin.tokenizer): a settings class may say
+# so itself (`tokenizer_keys`, a ClassVar); these are the built-in tasks'.
+_TOKENIZER_KEYS = {"translation": ("vocab_size", "tokenizer_model", "tokenizer_domain")}
+
+
+def tokenizer_keys(task: TaskSettings) -> tuple[str, ...]:
+    """The task's keys that only say how its own tokenizer is fitted (none when it has no tokenizer)."""
+    if TASKS.get(task.name).tokenizer is None:
+        return ()
+    keys = getattr(type(task), "tokenizer_keys", None)
+    keys = _TOKENIZER_KEYS.get(task.name, ()) if keys is None else keys
+    return tuple(k for k in keys if k in type(task).model_fields)
+
+
+def saved_tokenizer(init_from: str | None) -> Path | None:
+    """The tokenizer folder beside `model.init_from`'s checkpoint (a run directory's `tokenizer/`), if any:
+    a run that starts from that checkpoint uses it, not the task's own."""
+    if not init_from:
+        return None
+    source = Path(init_from).expanduser()
+    saved = (source if source.is_dir() else source.parent) / TOKENIZER_DIR
+    return saved if saved.is_dir() else None
+
+
+def model_kind_name(cfg: "RunConfig") -> tuple[str | None, str | None]:
+    """The model kind and name a run builds: the config's, else the task's defaults, else the kind's."""
+    defaults = TASKS.get(cfg.task.name).default_model
+    kind = cfg.model.kind if cfg.model.kind is not None else defaults.get("kind")
+    name = cfg.model.name if cfg.model.name is not None else defaults.get("name")
+    return kind, name if name is not None else default_name(kind)
+
+
+def _recorded_task(folder: Path, task: str) -> dict | None:
+    """The [task] section of `folder`/config.toml when it is a `task` run's, else None."""
+    try:
+        recorded = tomllib.loads((folder / "config.toml").read_text()).get("task")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+    return recorded if isinstance(recorded, dict) and recorded.get("name", "text2sql") == task else None
+
+
+def tokenizer_fill(cfg: "RunConfig") -> dict:
+    """The tokenizer keys `cfg` takes from `model.init_from`'s source run (what its saved tokenizer was
+    fitted with); a key the config sets to another value raises SectionError naming both keys."""
+    keys = tokenizer_keys(cfg.task)
+    saved = saved_tokenizer(cfg.model.init_from) if keys else None
+    if saved is None or not reads_task_tokenizer(*model_kind_name(cfg)):
+        return {}
+    fields = type(cfg.task).model_fields
+    recorded = _recorded_task(saved.parent, cfg.task.name)
+    if recorded is None:  # nothing says what it was fitted with: a value set here cannot be honoured
+        for key in keys:
+            value = getattr(cfg.task, key)
+            if value != fields[key].default:
+                raise SectionError(f"task.{key} = {_fmt(value)}: not read, model.init_from = "
+                                   f"{_fmt(cfg.model.init_from)} starts from the tokenizer saved in {saved}, and "
+                                   f"{saved.parent} holds no config.toml saying what it was fitted with; "
+                                   f"remove task.{key}")
+        return {}
+    used = {key: recorded.get(key, fields[key].default) for key in keys}
+    for key in keys:
+        value = getattr(cfg.task, key)
+        if key in cfg.task.model_fields_set and value != used[key]:
+            raise SectionError(f"task.{key} = {_fmt(value)}: not read, model.init_from = {_fmt(cfg.model.init_from)} "
+                               f"starts from the tokenizer saved in {saved}, fitted with {key} = {_fmt(used[key])} "
+                               f"({saved.parent / 'config.toml'}); remove task.{key} or set it to {_fmt(used[key])}")
+    return {key: v for key, v in used.items() if getattr(cfg.task, key) != v}
+
+
+def config_warnings(cfg: "RunConfig") -> list[str]:
+    """Settings `cfg` gives a value other than the default that another setting makes meaningless, where a
+    refusal would break a common use (a study's base config under a finetune variant, a task config with
+    another model): each named, with the setting that overrides it."""
+    out = []
+    kind, name = model_kind_name(cfg)
+    task_fields = type(cfg.task).model_fields
+    if not reads_task_tokenizer(kind, name):
+        for key in tokenizer_keys(cfg.task):
+            value = getattr(cfg.task, key)
+            if value != task_fields[key].default:
+                out.append(f"task.{key} = {_fmt(value)} has no effect: model {name!r} ({kind}) does not use the "
+                           f"{cfg.task.name} task's own tokenizer")
+    unread, why = unread_sizes(kind, name)
+    for key in unread:
+        value = getattr(cfg.model, key)
+        if value != ModelConfig.model_fields[key].default:
+            out.append(f"model.{key} = {_fmt(value)} has no effect: model {name!r} ({kind}): {why}")
+    p = cfg.participation
+    if not p.federates:
+        f = cfg.federation
+        for key in ("weighting", "weighting_stat", "sample_count", "sample_fraction", "aggregation"):
+            value = getattr(f, key)
+            if value != FederationConfig.model_fields[key].default:
+                alone = "each silo trains alone" if p.per_silo_runs else "one pooled client trains"
+                out.append(f"federation.{key} = {_fmt(value)} has no effect: paradigm = {cfg.paradigm!r} does not "
+                           f"federate ({alone})")
+    if p.per_silo_runs and (cfg.server.optimizer != "fedavg" or cfg.server.lr not in (None, 1.0)):
+        out.append(f"server.optimizer = {cfg.server.optimizer!r}, lr = {cfg.server.lr}: not used, paradigm = "
+                   f"{cfg.paradigm!r} takes each silo's own update as it is (fedavg, lr 1.0)")
+    if p.pools_silos and cfg.clients:
+        out.append(f"[clients.{next(iter(cfg.clients))}] has no effect: paradigm = {cfg.paradigm!r} trains one "
+                   "pooled client with [client]'s settings")
+    return out
+
+
 def _parse_value(text: str) -> Any:
     try:
         return tomllib.loads(f"v = {text}")["v"]
@@ -296,28 +485,54 @@ def _describe(err: ValidationError, source: str) -> str:
     return f"{source}: {where_what(err)}"
 
 
+def locate_plugins(raw: dict, folder: Path) -> dict:
+    """`raw` with its `plugin_dir` made absolute: relative to `folder` (the config file's), and `folder`
+    itself when the config names plugins and no plugin_dir."""
+    where = raw.get("plugin_dir")
+    if isinstance(where, str):
+        raw["plugin_dir"] = str((folder / Path(where).expanduser()).resolve())
+    elif where is None and raw.get("plugins"):
+        raw["plugin_dir"] = str(folder.resolve())
+    return raw
+
+
 def import_plugins(raw: dict, source: str) -> None:
-    """Import `plugins` (module names) so that what they register is a valid choice."""
+    """Import `plugins` (module names) so that what they register is a valid choice: from `plugin_dir`
+    first (put at the front of sys.path, as Python does with a script's folder), then the Python path."""
     import importlib
 
     plugins = raw.get("plugins", [])
     if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
         raise ConfigError(f"{source}: plugins: expected a list of module names")
+    where = raw.get("plugin_dir")
+    if where is not None and not isinstance(where, str):
+        raise ConfigError(f"{source}: plugin_dir: expected a folder")
+    folder = str(Path(where).expanduser().resolve()) if where and plugins else None
+    if folder is not None and folder not in sys.path:
+        sys.path.insert(0, folder)
     for module in plugins:
         try:
             importlib.import_module(module)
         except ImportError as err:
-            raise ConfigError(f"{source}: plugins: cannot import {module!r}: {err}") from None
+            searched = f"{folder}, then the Python path" if folder else "the Python path"
+            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise ConfigError(f"{source}: plugins: cannot import {module!r} (searched {searched}): {reason}") from None
 
 
-def validate(raw: dict, source: str = "config") -> RunConfig:
+def validate(raw: dict, source: str = "config", warn: bool = False) -> RunConfig:
+    """`raw` as a RunConfig (its plugins imported first); `warn`: also warn (ConfigWarning) about each
+    setting another makes meaningless, as a user's own file is loaded (not each process re-reading it)."""
     import_plugins(raw, source)
     try:
-        return RunConfig.model_validate(raw)
+        cfg = RunConfig.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(_describe(err, source)) from None
     except SectionError as err:
         raise ConfigError(f"{source}: {err}") from None
+    if warn:
+        for message in config_warnings(cfg):
+            warnings.warn(f"{source}: {message}", ConfigWarning, stacklevel=2)
+    return cfg
 
 
 def load_config(path: str | Path, assignments: list[str] = ()) -> RunConfig:
@@ -334,7 +549,8 @@ def load_config(path: str | Path, assignments: list[str] = ()) -> RunConfig:
         raise ConfigError(f"{path}: not valid TOML: {err}") from None
     except RecursionError:
         raise ConfigError(f"{path}: not valid TOML: nested too deeply") from None
-    return validate(apply_overrides(raw, list(assignments)), str(path))
+    raw = locate_plugins(apply_overrides(raw, list(assignments)), path.parent)
+    return validate(raw, str(path), warn=True)
 
 
 def to_toml(cfg: RunConfig) -> str:

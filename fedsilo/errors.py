@@ -13,6 +13,11 @@ class ConfigError(FedsiloError, ValueError):
     """A config the user wrote cannot be run; the message names the culprit."""
 
 
+class ConfigWarning(UserWarning):
+    """A config setting that another setting makes meaningless (fedsilo.config.config_warnings): said,
+    by name, as a config file is loaded; the CLI prints it as one `fedsilo: warning:` line."""
+
+
 class UnknownChoice(FedsiloError, ValueError):
     """A name that no entry of a registry has; the message lists the choices."""
 

@@ -16,7 +16,8 @@ import torch
 from fedsilo.client.hooks import ROUND_HOOKS
 from fedsilo.client.silo import SiloClient, federated_parameters, load_tensors
 from fedsilo.client.store import ClientStore
-from fedsilo.config import RunConfig
+from fedsilo.config import RunConfig, saved_tokenizer
+from fedsilo.config import TOKENIZER_DIR as _TOKENIZER_DIR
 from fedsilo.core.aggregate import AGGREGATIONS, Aggregation
 from fedsilo.core.exchange import DOWNLOADS, OVERWRITES, SELECTORS, ExchangePlan, matches
 from fedsilo.core.server_opt import ServerOptimizer
@@ -63,24 +64,23 @@ def model_config(cfg: RunConfig):
     return cfg.model.model_copy(update=update)
 
 
-TOKENIZER_DIR = "tokenizer"  # in a run directory: the task tokenizer its model was trained with
+TOKENIZER_DIR = _TOKENIZER_DIR  # in a run directory: the task tokenizer its model was trained with
 
 
 def task_tokenizer(cfg: RunConfig):
     """A zero-argument function giving the task's own tokenizer (None when the task has none): the
     one saved beside `model.init_from`'s checkpoint when there is one (a model keeps the vocabulary
-    it was trained with, whatever the data or library versions here), else the task's."""
+    it was trained with, whatever the data or library versions here; the config's tokenizer keys are
+    then that tokenizer's, fedsilo.config.tokenizer_fill), else the task's."""
     plugin = TASKS.get(cfg.task.name)
     if plugin.tokenizer is None:
         return None
 
     def make():
-        if cfg.model.init_from:
-            source = Path(cfg.model.init_from).expanduser()
-            saved = (source if source.is_dir() else source.parent) / TOKENIZER_DIR
-            if saved.is_dir():
-                from transformers import AutoTokenizer
-                return AutoTokenizer.from_pretrained(str(saved))
+        saved = saved_tokenizer(cfg.model.init_from)
+        if saved is not None:
+            from transformers import AutoTokenizer
+            return AutoTokenizer.from_pretrained(str(saved))
         return plugin.tokenizer(cfg.task, plugin.data_dir(cfg.task))
     return make
 

@@ -34,20 +34,28 @@ Rule = Callable[[torch.Tensor, torch.Tensor, Moments, "ServerOptimizer"], None]
 
 @dataclass(frozen=True)
 class ServerRule:
-    """A server optimiser's entry: its update, the lr it takes when the config names none, and
-    whether it reads `bias_correction` (only Adam does, in Reddi et al. and in Flower)."""
+    """A server optimiser's entry: its update, the lr it takes when the config names none, whether it
+    reads `bias_correction` (only Adam does, in Reddi et al. and in Flower), and which of the
+    `HYPERPARAMETERS` it reads (None: not declared, so none is said to be unread)."""
     update: Rule
     default_lr: float
     bias_corrected: bool = False
+    reads: frozenset[str] | None = None
+
+
+HYPERPARAMETERS = ("momentum", "beta1", "beta2", "tau", "v0")  # [server] keys some rules read and others not
 
 
 SERVER_OPTIMIZERS: Registry[ServerRule] = Registry("server optimizer")
 
 
-def server_rule(name: str, default_lr: float, bias_corrected: bool = False) -> Callable[[Rule], Rule]:
-    """Decorator: register an update function as server optimiser `name`."""
+def server_rule(name: str, default_lr: float, bias_corrected: bool = False,
+                reads: tuple[str, ...] | None = None) -> Callable[[Rule], Rule]:
+    """Decorator: register an update function as server optimiser `name`; `reads`: the
+    `HYPERPARAMETERS` it reads (a config setting another is refused), None: not said."""
     def wrap(update: Rule) -> Rule:
-        SERVER_OPTIMIZERS.add(name, ServerRule(update, default_lr, bias_corrected))
+        SERVER_OPTIMIZERS.add(name, ServerRule(update, default_lr, bias_corrected,
+                                               None if reads is None else frozenset(reads)))
         return update
     return wrap
 
@@ -75,6 +83,12 @@ def unread_correction(kind: str, correction: str) -> str | None:
             "does: neither Reddi et al. nor Flower bias-correct the other server optimisers)")
 
 
+def unread_hyperparameters(kind: str) -> tuple[str, ...]:
+    """The `HYPERPARAMETERS` server optimiser `kind` declares it never reads."""
+    reads = SERVER_OPTIMIZERS.get(kind).reads
+    return () if reads is None else tuple(h for h in HYPERPARAMETERS if h not in reads)
+
+
 def _moment(state: Moments, key: str, like: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
     """Moment `key` of one tensor: allocated at the tensor's first step, then reused."""
     t = state.get(key)
@@ -97,25 +111,25 @@ def _adaptive_step(w: torch.Tensor, m: torch.Tensor, v: torch.Tensor, lr: float,
     w.addcdiv_(m, v.sqrt().add_(tau), value=lr)  # w + η·m/(√v + τ): one temporary
 
 
-@server_rule("fedavg", default_lr=1.0)
+@server_rule("fedavg", default_lr=1.0, reads=())
 def fedavg(w: torch.Tensor, d: torch.Tensor, state: Moments, opt: ServerOptimizer) -> None:
     w.add_(d, alpha=opt.lr)
 
 
-@server_rule("sgdm", default_lr=1.0)
+@server_rule("sgdm", default_lr=1.0, reads=("momentum",))
 def sgdm(w: torch.Tensor, d: torch.Tensor, state: Moments, opt: ServerOptimizer) -> None:
     m = _moment(state, "m", d).mul_(opt.momentum).add_(d)
     w.add_(m, alpha=opt.lr)
 
 
-@server_rule("adam", default_lr=0.01, bias_corrected=True)
+@server_rule("adam", default_lr=0.01, bias_corrected=True, reads=("beta1", "beta2", "tau", "v0"))
 def adam(w: torch.Tensor, d: torch.Tensor, state: Moments, opt: ServerOptimizer) -> None:
     m = _first_moment(d, state, opt)
     v = _second_moment(d, state, opt).mul_(opt.beta2).addcmul_(d, d, value=1 - opt.beta2)
     _adaptive_step(w, m, v, opt.lr * opt.adam_correction(), opt.tau)
 
 
-@server_rule("yogi", default_lr=0.01)
+@server_rule("yogi", default_lr=0.01, reads=("beta1", "beta2", "tau", "v0"))
 def yogi(w: torch.Tensor, d: torch.Tensor, state: Moments, opt: ServerOptimizer) -> None:
     m = _first_moment(d, state, opt)
     v = _second_moment(d, state, opt)
@@ -124,7 +138,7 @@ def yogi(w: torch.Tensor, d: torch.Tensor, state: Moments, opt: ServerOptimizer)
     _adaptive_step(w, m, v, opt.lr, opt.tau)
 
 
-@server_rule("adagrad", default_lr=0.01)
+@server_rule("adagrad", default_lr=0.01, reads=("beta1", "tau", "v0"))
 def adagrad(w: torch.Tensor, d: torch.Tensor, state: Moments, opt: ServerOptimizer) -> None:
     m = _first_moment(d, state, opt)
     v = _second_moment(d, state, opt).addcmul_(d, d)

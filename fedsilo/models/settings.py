@@ -57,3 +57,44 @@ class ModelConfig(Strict):
             except ValueError as err:
                 raise SectionError(f"model.surgery: {err}") from None
         return self
+
+
+# What the built-in model kinds read of [model] (fedsilo/models/seq2seq.py, encoder.py; names kept here
+# as strings so that validating a config imports no model code). A user's own model kind reads what it
+# reads: nothing is said about it.
+SIZE_KEYS = ("d_model", "d_ff", "num_layers", "num_decoder_layers", "num_heads", "dropout")
+_SEQ2SEQ_BUILTIN = ("tiny-t5", "minilm2bert", "transformer")
+_ENCODER_BUILTIN = ("minilm", "tiny-bert")
+
+
+def default_name(kind: str | None) -> str | None:
+    """The model a built-in kind builds when `model.name` is None (seq2seq: tiny-t5, encoder: minilm)."""
+    return {"seq2seq": "tiny-t5", "encoder": "minilm"}.get(kind or "")
+
+
+def unread_sizes(kind: str | None, name: str | None) -> tuple[tuple[str, ...], str]:
+    """(the `SIZE_KEYS` the built-in model `kind`/`name` never reads, why); ((), "") when it reads them
+    all or the kind is not a built-in one."""
+    name = name if name is not None else default_name(kind)
+    if kind == "seq2seq":
+        if name == "minilm2bert":  # the pretrained MiniLM encoder sets its own width, depth and heads
+            return ("d_model", "num_layers", "num_heads"), "its encoder is the pretrained MiniLM-L6 (its own sizes)"
+        if name not in _SEQ2SEQ_BUILTIN:
+            return SIZE_KEYS, "a local checkpoint folder is loaded unchanged (its own sizes)"
+    elif kind == "encoder":
+        if name == "tiny-bert":
+            return ("num_decoder_layers",), "an encoder has no decoder"
+        if name == "minilm":
+            return SIZE_KEYS, "the pretrained MiniLM-L6 is loaded with its own sizes"
+        return SIZE_KEYS, "a local checkpoint folder is loaded unchanged (its own sizes)"
+    return (), ""
+
+
+def reads_task_tokenizer(kind: str | None, name: str | None) -> bool:
+    """Whether the model kind/name builds over the task's own tokenizer: of the built-in models only
+    seq2seq `transformer` does (tiny-t5 and minilm2bert use MiniLM's, a local checkpoint its own, an
+    encoder never asks); a user's own kind is given it, so it may."""
+    name = name if name is not None else default_name(kind)
+    if kind == "seq2seq":
+        return name == "transformer"
+    return kind != "encoder"

@@ -30,6 +30,7 @@ def _comparable(cfg: dict) -> dict:
     for section, key in RESUMABLE_CHANGES:
         cfg.get(section, {}).pop(key, None)
     cfg.pop("out_dir", None)
+    cfg.pop("plugin_dir", None)  # where the plugins were found, not what they are: a moved config still resumes
     return cfg
 
 
