@@ -80,8 +80,9 @@ def check_at_start(cfg: RunConfig, run_dir: Path, resume: bool, warn: Callable[[
                    silos: list[str] | None = None) -> list[SiloCheck]:
     """The check of `fedsilo data check` (lengths aside): blocking findings stop the run before it
     trains, the rest are warned about; fingerprints go to the run directory, and on a resume a file
-    changed since the run began is warned about by name."""
-    checks = inspect_silos(cfg, silos, build=False)
+    changed since the run began is warned about by name. Without `silos`: every silo the run reads,
+    its test matrix's and its tokenizer's too (a resume refits the tokenizer on that silo's files)."""
+    checks = inspect_silos(cfg, silos if silos is not None else cfg.task.needed_silos(), build=False)
     error = blocking_error(checks)
     if error is not None:
         raise error

@@ -40,11 +40,17 @@ def read_rows(source: SourceSettings, file: Path) -> tuple[list[Row], list[Probl
     """Every row of `file` (for `lines`: the prefix of one file per role) in file order."""
     fmt = source.format_name
     if fmt == "lines":
-        return _read_lines_format(source, file)
-    text, bad_lines, problems = decode(file, source.encoding)
-    reader = _read_jsonl if fmt == "jsonl" else _read_table
-    rows, more = reader(source, file, text, bad_lines)
-    return rows, problems + more
+        rows, problems = _read_lines_format(source, file)
+    else:
+        text, bad_lines, problems = decode(file, source.encoding)
+        reader = _read_jsonl if fmt == "jsonl" else _read_table
+        rows, more = reader(source, file, text, bad_lines)
+        problems += more
+    return rows, sorted(problems, key=_line_of)  # in file order: a run's error shows the first ones
+
+
+def _line_of(problem: Problem) -> int:
+    return int(problem.where.rpartition(":")[2])
 
 
 # ---- text -------------------------------------------------------------------------------
@@ -183,11 +189,21 @@ def _read_table(source: SourceSettings, path: Path, text: str, bad: set[int]) ->
             cells = next(reader)
         except StopIteration:
             break
-        except csv.Error as err:
-            problems.append(Problem(f"{path}:{reader.line_num}", f"malformed CSV ({err})"))
-            break  # the reader cannot resynchronise after a quoting error
+        except csv.Error as err:  # named at the row's first line; the reader goes on at the next line
+            end = reader.line_num
+            span = f"; lines {start}-{end} read as one row (an unclosed double quote?)" if end > start else ""
+            if source.header and header is None:
+                raise DataError(f"{path}:{start}: the header line is malformed CSV ({err}){span}") from None
+            problems.append(Problem(f"{path}:{start}", f"malformed CSV ({err}){span}"))
+            if end < start:  # nothing read: cannot move on
+                break
+            start = end + 1
+            continue
         first, start = start, reader.line_num + 1
         if any(n in bad for n in range(first, reader.line_num + 1)):
+            if source.header and header is None:
+                raise DataError(f"{path}:{first}: the header line is not {source.encoding} text; set encoding "
+                                "in its source")
             continue
         if source.header and header is None:
             header = [c.strip() for c in cells]
