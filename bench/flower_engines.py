@@ -40,11 +40,11 @@ def child(engine: str, out: Path, rounds: int, max_train: int) -> None:
         from fedsilo.engines.flower.simulation import run_simulation
         run_simulation(cfg, out, show_progress=False)
     else:
-        from fedsilo.engines.flower.deploy import LocalDeployment, split_silo_data
+        from fedsilo.engines.flower.deploy import LocalDeployment, silo_nodes
         work = out.parent / "deploy"
         config = out.parent / "exp.toml"
         config.write_text(to_toml(cfg))
-        with LocalDeployment(work, split_silo_data(data, cfg.task.silos, work / "silos")) as dep:
+        with LocalDeployment(work, silo_nodes(cfg.task, data)) as dep:
             dep.run(config, out)
 
 

@@ -1,4 +1,4 @@
-"""`fedsilo run | deploy | report | data`: the command line.
+"""`fedsilo run | study | deploy | report | compare | init | data`: the command line.
 
 Every error a user can cause (a bad config, a missing or corrupt file, a deployment that ended
 without results) is one line `fedsilo: error: ...` and exit code 2, never a traceback.
@@ -101,7 +101,8 @@ def absolute_config(cfg):
 def _cmd_deploy(args: argparse.Namespace) -> int:
     """A real Flower deployment on 127.0.0.1: SuperLink + one SuperNode per silo, then clean up."""
     from fedsilo.config import load_config, to_toml
-    from fedsilo.engines.flower.deploy import DeploymentError, LocalDeployment, split_silo_data
+    from fedsilo.engines.flower.deploy import DeploymentError, LocalDeployment, silo_nodes
+    from fedsilo.runs.datacheck import blocking_error, inspect_silos
     from fedsilo.runs.lock import RunLock
     from fedsilo.runs.records import read_results
     from fedsilo.runs.tables import print_results
@@ -113,13 +114,14 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
     with RunLock(out) as lock:
         with warnings.catch_warnings(record=True) as caught:  # the data is checked before any process starts
             warnings.simplefilter("always", UserWarning)
-            plugin = TASKS.get(cfg.task.name)
-            data = plugin.data_dir(cfg.task)
+            data = TASKS.get(cfg.task.name).data_dir(cfg.task)
+            error = blocking_error(inspect_silos(cfg, build=False))  # each silo checks again where it runs
         for w in caught:
             print(f"fedsilo: warning: {w.message}", file=sys.stderr)
+        if error is not None:
+            raise error
         try:
-            files = (lambda silo: plugin.silo_files(cfg.task, silo)) if plugin.silo_files else None
-            silos = split_silo_data(data, cfg.task.silos, work / "silo-data", files)
+            silos = silo_nodes(cfg.task, data)  # each SuperNode reads its silo's files where they are
             work.mkdir(parents=True, exist_ok=True)
             config = work / "config.toml"
             config.write_text(to_toml(cfg))
@@ -158,6 +160,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_data(args: argparse.Namespace) -> int:
+    if args.task == "check":
+        return _cmd_data_check(args)
+    if args.config:
+        raise UserError(f"fedsilo data {args.task} takes no config (did you mean: fedsilo data check {args.config}?)")
     from fedsilo.datafetch import default_data_root, ensure, find_mirror
 
     dest = (Path(args.dest).expanduser() if args.dest else default_data_root() / args.task).resolve()
@@ -166,6 +172,56 @@ def _cmd_data(args: argparse.Namespace) -> int:
     print(f"{args.task} data goes to {dest} (missing or changed files come from {source})", flush=True)
     path = ensure(args.task, dest, Path(args.mirror).expanduser() if args.mirror else None)
     print(f"{args.task} data verified in {path}")
+    return 0
+
+
+def _cmd_data_check(args: argparse.Namespace) -> int:
+    """Every silo of a config checked as a run would check it, plus token lengths; exit 1 when a
+    silo cannot be run (malformed rows it does not skip, an empty split)."""
+    from fedsilo.config import load_config
+    from fedsilo.runs.datacheck import add_lengths, inspect_silos, report, write_json
+
+    if not args.config:
+        raise UserError("fedsilo data check needs a config: fedsilo data check CONFIG")
+    cfg = load_config(args.config, args.set or [])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        checks = inspect_silos(cfg)
+        if not any(c.blocking for c in checks) and not args.no_lengths:
+            add_lengths(cfg, checks)
+    for w in caught:
+        print(f"fedsilo: warning: {w.message}", file=sys.stderr)
+    print(report(checks))
+    if args.json:
+        write_json(checks, Path(args.json))
+        print(f"written: {args.json}")
+    return 1 if any(c.blocking for c in checks) else 0
+
+
+def _cmd_init(args: argparse.Namespace) -> int:
+    """A commented config for a folder of silos; what it cannot tell is left as DECIDE lines."""
+    from fedsilo.config import load_config
+    from fedsilo.errors import ConfigError
+    from fedsilo.runs.init import init_config
+
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise UserError(f"{out} exists; choose another --out, or --force to overwrite it")
+    text, guesses = init_config(Path(args.data_dir), args.task, out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    decide = [(g.name, d) for g in guesses for d in g.decide]
+    try:
+        load_config(out)
+    except ConfigError as err:
+        if not decide:  # nothing left to the user, so the config should have been valid
+            out.unlink()
+            raise
+        print(f"note: {out} is not valid until the DECIDE lines are settled ({err})")
+    print(f"written: {out} ({len(guesses)} silo(s): {', '.join(g.name for g in guesses)})")
+    for silo, what in decide:
+        print(f"  DECIDE for {silo}: {what}")
+    print(f"next: fedsilo data check {out}\n      fedsilo run {out}")
     return 0
 
 
@@ -188,7 +244,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
                    help="print fedsilo's version and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                           help="run, study, deploy, report, compare or data (COMMAND --help for its options)")
+                           help="run, study, deploy, report, compare, init or data (COMMAND --help for its options)")
 
     def common(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("config", help="experiment TOML, e.g. experiments/lorar/small.toml")
@@ -208,7 +264,7 @@ def parser() -> argparse.ArgumentParser:
     dep = sub.add_parser("deploy", help="run a config on a real Flower deployment on this machine "
                                         "(SuperLink + one SuperNode per silo); everything is stopped after")
     common(dep)
-    dep.add_argument("--workdir", help="per-silo data copies, Flower state and logs (default: OUT-flower)")
+    dep.add_argument("--workdir", help="Flower's state, each silo's state and the logs (default: OUT-flower)")
     dep.set_defaults(func=_cmd_deploy)
     st = sub.add_parser("study", help="run the variants of a study file (resumable) and compare them in one table")
     st.add_argument("study", help="a study TOML: [study], [base] (a run config), [variants.NAME] (changes)")
@@ -231,11 +287,28 @@ def parser() -> argparse.ArgumentParser:
                                                        "Data Silo, each client alone)")
     cmp.add_argument("--tie", type=float, default=0.0, help="metric differences up to this count as ties (default 0)")
     cmp.set_defaults(func=_cmd_compare)
-    d = sub.add_parser("data", help="obtain and verify a benchmark's files (pinned commit + sha256)")
+    ini = sub.add_parser("init", help="write a commented config for a folder with one sub-folder (or file) per "
+                                      "silo: formats, splits and fields detected, the rest marked DECIDE")
+    ini.add_argument("data_dir", help="a folder holding one sub-folder or file per silo (CSV, TSV, JSONL, or "
+                                      "line-aligned files such as train.de / train.en)")
+    ini.add_argument("--task", required=True, help="the task family: translation, matching, text2sql, multitask")
+    ini.add_argument("--out", default="fedsilo.toml", help="the config to write (default: fedsilo.toml)")
+    ini.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    ini.set_defaults(func=_cmd_init)
+    d = sub.add_parser("data", help="obtain and verify a benchmark's files (pinned commit + sha256), or check "
+                                    "every silo of a config (data check CONFIG)")
     from fedsilo.tasks import TASKS  # light: settings and lazy builders only
 
     fetchable = [name for name in TASKS if TASKS.get(name).data]
-    d.add_argument("task", choices=fetchable, help=f"which benchmark's files: {', '.join(fetchable)}")
+    d.add_argument("task", choices=[*fetchable, "check"], metavar="TASK|check",
+                   help=f"which benchmark's files to fetch ({', '.join(fetchable)}), or check: check every silo "
+                        "of CONFIG (malformed rows by file:line, counts, duplicates, overlap between splits, "
+                        "token lengths against the model's limits, file fingerprints)")
+    d.add_argument("config", nargs="?", help="with check: the run config whose silos to check")
+    d.add_argument("--set", action="append", metavar="KEY=VALUE", help="with check: override a config value")
+    d.add_argument("--json", metavar="FILE", help="with check: also write the findings as JSON")
+    d.add_argument("--no-lengths", action="store_true",
+                   help="with check: skip token lengths (they build the model's tokenizer)")
     d.add_argument("--mirror", help="local folder laid out like shared/data (default: $FEDSILO_DATA_MIRROR, "
                                     "then ../shared/data); else download from the public source")
     d.add_argument("--dest", help="where to put the files (default: $FEDSILO_DATA/TASK or "

@@ -485,9 +485,15 @@ def _describe(err: ValidationError, source: str) -> str:
     return f"{source}: {where_what(err)}"
 
 
-def locate_plugins(raw: dict, folder: Path) -> dict:
-    """`raw` with its `plugin_dir` made absolute: relative to `folder` (the config file's), and `folder`
-    itself when the config names plugins and no plugin_dir."""
+def locate_files(raw: dict, folder: Path) -> dict:
+    """`raw` with the paths it names made absolute, relative to `folder` (the config file's): its
+    `plugin_dir` (`folder` itself when the config names plugins and no plugin_dir) and each own
+    silo's files (`[task.sources.NAME]` path, schema_file, database)."""
+    from fedsilo.sources.settings import resolve_paths
+
+    task = raw.get("task")
+    if isinstance(task, dict):
+        resolve_paths(task.get("sources"), folder)
     where = raw.get("plugin_dir")
     if isinstance(where, str):
         raw["plugin_dir"] = str((folder / Path(where).expanduser()).resolve())
@@ -549,7 +555,7 @@ def load_config(path: str | Path, assignments: list[str] = ()) -> RunConfig:
         raise ConfigError(f"{path}: not valid TOML: {err}") from None
     except RecursionError:
         raise ConfigError(f"{path}: not valid TOML: nested too deeply") from None
-    raw = locate_plugins(apply_overrides(raw, list(assignments)), path.parent)
+    raw = locate_files(apply_overrides(raw, list(assignments)), path.parent)
     return validate(raw, str(path), warn=True)
 
 

@@ -192,9 +192,9 @@ def test_local_deployment_hands_flower_absolute_paths(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     Path("my runs").mkdir()  # a space in a path, too
     Path("my runs/exp.toml").write_text("[federation]\nrounds = 2\n")
-    dep = RecordingDeployment(Path("my runs/dep-flower/processes"), {"yelp": Path("silo data/yelp")})
+    dep = RecordingDeployment(Path("my runs/dep-flower/processes"), {"yelp": {"data-dir": "silo data"}})
     assert dep.workdir == tmp_path / "my runs" / "dep-flower" / "processes"
-    assert dep.silos == {"yelp": tmp_path / "silo data" / "yelp"}
+    assert dep.silos == {"yelp": {"data-dir": str(tmp_path / "silo data")}}
     assert dep.home.is_absolute() and deploy.flower_env(dep.home)["FLWR_HOME"] == str(dep.home)
     assert deploy.flower_env(dep.home)["FLWR_TELEMETRY_ENABLED"] == "0"
     # an unactivated venv: Flower finds its own executables (the SuperLink starts flower-superexec by name)
@@ -202,10 +202,10 @@ def test_local_deployment_hands_flower_absolute_paths(tmp_path, monkeypatch):
     assert deploy.flower_env(dep.home)["PATH"].split(os.pathsep) == [str(Path(sys.executable).parent), "/usr/bin"]
     dep.workdir.mkdir(parents=True)
 
-    dep.start_supernode("yelp", Path("silo data/yelp"))
+    dep.start_supernode("yelp", {"data-dir": str(tmp_path / "silo data"), "silo-path": str(tmp_path / "my silo.csv")})
     cmd = dep.commands["supernode-yelp"]
     node = parse_config_args([cmd[cmd.index("--node-config") + 1]])
-    assert node == {"silo": "yelp", "data-dir": str(tmp_path / "silo data" / "yelp"),
+    assert node == {"silo": "yelp", "data-dir": str(tmp_path / "silo data"), "silo-path": str(tmp_path / "my silo.csv"),
                     "state-dir": str(dep.workdir / "state" / "yelp")}
 
     dep.submit(Path("my runs/exp.toml"), Path("my runs/dep"), overrides=["task.silos=[\"yelp\"]"])
@@ -251,9 +251,9 @@ def test_deploy_cli_resolves_a_relative_out(tmp_path, monkeypatch, capsys):
     assert seen["out"] == tmp_path / "runs" / "dep"
     assert seen["workdir"] == tmp_path / "runs" / "dep-flower" / "processes"
     assert seen["config"] == tmp_path / "runs" / "dep-flower" / "config.toml"
-    assert seen["silos"] == {s: tmp_path / "runs" / "dep-flower" / "silo-data" / s
-                             for s in ("restaurants", "academic", "yelp")}
-    assert all((p / f"{s}.json").is_file() for s, p in seen["silos"].items())
+    # every SuperNode reads the data folder where it is: nothing is copied
+    assert seen["silos"] == {s: {"data-dir": str(tmp_path / "data")} for s in ("restaurants", "academic", "yelp")}
+    assert not (tmp_path / "runs" / "dep-flower" / "silo-data").exists()
     assert f'data_dir = "{tmp_path / "data"}"' in seen["config_text"]
     assert seen["progress"] is False and seen["stopped"]
     assert f"run directory: {tmp_path / 'runs' / 'dep'}" in capsys.readouterr().out

@@ -20,7 +20,7 @@ from fedsilo import cli
 from fedsilo.cli import main
 from fedsilo.engines.flower import deploy
 from fedsilo.runs import flower as server_app
-from fedsilo.engines.flower.deploy import DeploymentError, LocalDeployment, log_tail, split_silo_data
+from fedsilo.engines.flower.deploy import DeploymentError, LocalDeployment, log_tail
 from fedsilo.runs.lock import RunLock, RunLocked, held_for
 from tests.synth import tiny_config, write_silos
 
@@ -37,24 +37,25 @@ def write_experiment(tmp_path: Path, rounds: int) -> Path:
     return config
 
 
-# ------------------------------------------------------------------ stale silo data
+# ------------------------------------------------------------------ the silos' files, where they are
 
 
-def test_split_silo_data_copies_afresh(tmp_path):
-    """A corrected, added or removed source file shows in the copy; leftovers in the copy go."""
-    data = write_silos(tmp_path / "data")
-    dest = tmp_path / "silo-data"
-    split_silo_data(data, ["yelp", "academic"], dest)
-    (data / "yelp.json").write_text("[]")
-    (data / "academic-schema.csv").unlink()
-    (data / "academic-extra.txt").write_text("new")
-    (dest / "yelp" / "yelp-old.json").write_text("left by an earlier run")
-    silos = split_silo_data(data, ["yelp", "academic"], dest)
-    assert sorted(p.name for p in silos["yelp"].iterdir()) == ["yelp-schema.csv", "yelp.json"]
-    assert (silos["yelp"] / "yelp.json").read_text() == "[]"
-    assert sorted(p.name for p in silos["academic"].iterdir()) == ["academic-extra.txt", "academic.json"]
-    with pytest.raises(DeploymentError, match="no such folder"):
-        split_silo_data(tmp_path / "nowhere", ["yelp"], dest)
+def test_silo_nodes_point_each_supernode_at_its_files_where_they_are(tmp_path):
+    """No copy: a benchmark silo's SuperNode gets the data folder, an own silo's also its source's path."""
+    from fedsilo.config import validate
+    from fedsilo.engines.flower.deploy import silo_nodes
+
+    own = tmp_path / "own.csv"
+    raw = tiny_config(write_silos(tmp_path / "data"))
+    raw["task"]["silos"] = ["yelp", "mine"]
+    raw["task"]["sources"] = {"mine": {"path": str(own), "fields": {"sql": "query"},
+                                       "schema_file": str(tmp_path / "s.sql"), "split": {}}}
+    cfg = validate(raw)
+    assert silo_nodes(cfg.task, tmp_path / "data") == {
+        "yelp": {"data-dir": str(tmp_path / "data")},
+        "mine": {"data-dir": str(tmp_path / "data"), "silo-path": str(own)}}
+    only_own = validate({**raw, "task": {**raw["task"], "silos": ["mine"]}})
+    assert silo_nodes(only_own.task, None) == {"mine": {"silo-path": str(own)}}
 
 
 class FakeDeployment:
@@ -71,13 +72,14 @@ class FakeDeployment:
         pass
 
     def run(self, config, out, resume=False, progress=True):
-        files = {s: {p.name: p.read_text() for p in d.iterdir()} for s, d in self.silos.items()}
+        files = {s: {p.name: p.read_text() for p in Path(node["data-dir"]).glob(f"{s}*")}
+                 for s, node in self.silos.items()}
         FakeDeployment.runs.append({"files": files, "lock_held": held_for(out, self.lock)})
 
 
-def test_deploy_cli_copies_silo_data_afresh_and_hands_over_its_lock(tmp_path, monkeypatch, capsys):
-    """A second `fedsilo deploy` after the data changed sees the change; each run is submitted with
-    the token of the lock the command holds."""
+def test_deploy_cli_reads_the_data_where_it_is_and_hands_over_its_lock(tmp_path, monkeypatch, capsys):
+    """A second `fedsilo deploy` after the data changed sees the change (nothing is copied, so
+    nothing is stale); each run is submitted with the token of the lock the command holds."""
     FakeDeployment.runs = []
     monkeypatch.setattr(deploy, "LocalDeployment", FakeDeployment)
     monkeypatch.setattr(cli, "_report", lambda out, show=True: Path(out) / "report.md")
@@ -183,7 +185,7 @@ def test_submit_hands_the_lock_token_to_the_serverapp(tmp_path):
 def test_a_silos_failure_names_the_silo_and_the_cause(tmp_path):
     """A ClientApp's exception reaches flwr-run.log in Flower's wording; the error line says which
     silo failed and why, as the user would write it."""
-    dep = LocalDeployment(tmp_path, {"yelp": tmp_path / "yelp"})
+    dep = LocalDeployment(tmp_path, {"yelp": {"data-dir": str(tmp_path / "yelp")}})
     (tmp_path / "supernode-yelp.log").write_text("INFO :      SuperNode ID: 1084\n")
     (tmp_path / "flwr-run.log").write_text(
         "Traceback (most recent call last):\n"

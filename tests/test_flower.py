@@ -98,13 +98,13 @@ def _client_texts(data_dir, silos):
 
 def test_deployment_matches_in_process_and_carries_no_client_text(tmp_path, data_dir, local_run):
     from fedsilo.config import to_toml
-    from fedsilo.engines.flower.deploy import LocalDeployment, split_silo_data
+    from fedsilo.engines.flower.deploy import LocalDeployment, silo_nodes
     from tests.wiretap import Wiretap
 
     cfg = validate(flower_config(data_dir))
     config = tmp_path / "exp.toml"
     config.write_text(to_toml(cfg))
-    silos = split_silo_data(data_dir, cfg.task.silos, tmp_path / "silos")
+    silos = silo_nodes(cfg.task, data_dir)
     dep = LocalDeployment(tmp_path / "fl", silos)
     tap = Wiretap(dep.port)
     dep.fleet_port = tap.port  # SuperNodes talk to the SuperLink through the recording relay
@@ -150,13 +150,13 @@ def test_a_supernode_killed_mid_run_is_recorded_missing(tmp_path, data_dir):
     results.json, and fails early (with the log) if the run ends first.
     """
     from fedsilo.config import to_toml
-    from fedsilo.engines.flower.deploy import LocalDeployment, split_silo_data
+    from fedsilo.engines.flower.deploy import LocalDeployment, silo_nodes
 
     cfg = validate(tiny_config(data_dir, federation={"rounds": 3}))
     assert cfg.flower.round_timeout is None
     config = tmp_path / "exp.toml"
     config.write_text(to_toml(cfg))
-    silos = split_silo_data(data_dir, cfg.task.silos, tmp_path / "silos")
+    silos = silo_nodes(cfg.task, data_dir)
     run = tmp_path / "run"
 
     def wait_for(done, submitted, what):

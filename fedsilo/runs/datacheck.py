@@ -60,8 +60,11 @@ def warnings_of(check: SiloCheck) -> list[str]:
     return out
 
 
-def blocking_error(checks: list[SiloCheck]) -> DataError | None:
-    bad = [c for c in checks if c.blocking]
+def blocking_error(checks: list[SiloCheck], empty: bool = True) -> DataError | None:
+    """One error for every silo that cannot run: malformed rows it does not skip and (with `empty`)
+    empty splits. Without `empty` those are left to the task, whose error names the file and why
+    (every label 0, no dev fold)."""
+    bad = [c for c in checks if (c.problems and not c.skip_bad) or (empty and c.empty_splits)]
     if not bad:
         return None
     parts = []
@@ -70,7 +73,7 @@ def blocking_error(checks: list[SiloCheck]) -> DataError | None:
             shown = "; ".join(str(p) for p in c.problems[:3])
             more = f" (and {len(c.problems) - 3} more)" if len(c.problems) > 3 else ""
             parts.append(f"silo {c.name}: {len(c.problems)} malformed row(s): {shown}{more}")
-        if c.empty_splits:
+        if empty and c.empty_splits:
             parts.append(f"silo {c.name}: no {' / '.join(c.empty_splits)} {c.unit}")
     return DataError("; ".join(parts) + ". `fedsilo data check CONFIG` lists every finding; fix the files, or set "
                      "bad_rows = \"skip\" in the silo's [task.sources.NAME] to leave malformed rows out")
@@ -83,7 +86,7 @@ def check_at_start(cfg: RunConfig, run_dir: Path, resume: bool, warn: Callable[[
     changed since the run began is warned about by name. Without `silos`: every silo the run reads,
     its test matrix's and its tokenizer's too (a resume refits the tokenizer on that silo's files)."""
     checks = inspect_silos(cfg, silos if silos is not None else cfg.task.needed_silos(), build=False)
-    error = blocking_error(checks)
+    error = blocking_error(checks, empty=False)  # the task's build names an empty split's file and cause
     if error is not None:
         raise error
     for check in checks:

@@ -204,11 +204,11 @@ def run_local(cfg: RunConfig, run: RunDir, resume: bool = False, progress: Progr
     from fedsilo.engines.local import LocalEngine
 
     progress = progress or Progress(enabled=False)
-    run.prepare(cfg, resume)  # a refused run directory is left as it was, before the data is read
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
+        model, tokenizer = build_model(cfg)  # an unusable device fails here, the run directory untouched
+        run.prepare(cfg, resume)  # a refused run directory is left as it was, before the data is read
         check_at_start(cfg, run.path, resume, progress.warn)
-        model, tokenizer = build_model(cfg)
         task = build_task(cfg, tokenizer)
     for message in _surface(caught):
         progress.warn(message)

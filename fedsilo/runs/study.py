@@ -49,7 +49,7 @@ from typing import Any
 
 from pydantic import Field
 
-from fedsilo.config import ConfigError, RunConfig, Strict, apply_overrides, locate_plugins, validate
+from fedsilo.config import ConfigError, RunConfig, Strict, apply_overrides, locate_files, validate
 from fedsilo.errors import StudyFailed
 from fedsilo.fileio import atomic_write_bytes
 from fedsilo.paradigms import PARADIGMS
@@ -170,7 +170,7 @@ def load_study(path: str | Path, assignments: Sequence[str] = (), only: Sequence
     suffix = f"/seed-{seed}" if multi_seed else ""
     configs = {}
     for name, change in variants.items():
-        merged = locate_plugins(deep_merge(base, change), path.parent)  # plugins: beside the study file
+        merged = locate_files(deep_merge(base, change), path.parent)  # plugins, silo files: beside the study file
         cfg = validate({**merged, "name": f"{settings.name}/{name}{suffix}"}, f"{path} [variants.{name}]", warn=True)
         if seed is not None:  # a variant's own sample seeds are held fixed: it asked for that sample
             cfg = seeded(cfg, seed, settings.vary_sample and SAMPLE_SEEDS not in (change.get("task") or {}))

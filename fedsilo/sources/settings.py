@@ -33,11 +33,16 @@ _SUFFIX_FORMAT = {".jsonl": "jsonl", ".csv": "csv", ".tsv": "tsv"}
 class Roles:
     """What a task family's examples are made of: `required` roles every row has, `optional` ones
     (e.g. a second reference), `key` the role grouping rows (duplicates, splits, overlap) by default,
-    and `lists` the roles a JSONL row may hold as a list (a ranking row's candidates and labels)."""
+    and `lists` the roles a JSONL row may hold as a list (a ranking row's candidates and labels);
+    `aliases`: column names `fedsilo init` takes for a role (besides the role's own name)."""
     required: tuple[str, ...]
     optional: tuple[str, ...] = ()
     key: str = ""
     lists: tuple[str, ...] = ()
+    aliases: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def names_for(self, role: str) -> tuple[str, ...]:
+        return (role, *dict(self.aliases).get(role, ()))
 
     @property
     def all(self) -> tuple[str, ...]:
@@ -159,10 +164,6 @@ class SourceSettings(Strict):
     def split_by(self) -> str:
         return (self.split.by if self.split else None) or self.ROLES.key
 
-    def paths(self) -> list[str]:
-        """Every path key of the entry that names a file or folder (made absolute by `resolve_paths`)."""
-        return ["path"]
-
 
 def resolve_paths(raw_sources: object, base: Path) -> None:
     """Make each raw `[task.sources.NAME]` entry's relative paths relative to `base` (the config
@@ -173,7 +174,7 @@ def resolve_paths(raw_sources: object, base: Path) -> None:
     for entry in raw_sources.values():
         if not isinstance(entry, dict):
             continue
-        for key in ("path", "schema", "database"):
+        for key in ("path", "schema_file", "database"):
             value = entry.get(key)
             if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
                 entry[key] = str((base / value).resolve())

@@ -23,6 +23,7 @@ class TaskSettings(BaseModel):
     data_dir: str | None = Field(None, description="None: fetch and verify into the data cache")
     eval_batch_size: int = Field(32, gt=0)
 
+    SOURCE: ClassVar[type | None] = None        # the family's `fedsilo.sources.SourceSettings` (own silos)
     BENCHMARK: ClassVar[tuple[str, ...]] = ()   # the benchmark's silo names (sources of format "benchmark")
     DISPLAY: ClassVar[dict[str, str]] = {}      # their names in tables
 
@@ -87,13 +88,20 @@ def check_sources(sources: dict, benchmark: Sequence[str]) -> dict:
 
 
 def check_names(names: list[str], known: Sequence[str], kind: str = "silo", what: str = "silos",
-                empty_ok: bool = False) -> list[str]:
-    """A config's list of clients (silos, domains): known names, no repeats, non-empty unless allowed."""
+                empty_ok: bool = False, section: bool = False) -> list[str]:
+    """A config's list of clients (silos, domains): known names, no repeats, non-empty unless allowed.
+    `section`: the error names its key in full (`task.<what>: ...`), as a check of the whole section
+    (which sees the own sources too) must."""
+    from fedsilo.settings import SectionError
+
+    error = SectionError if section else ValueError
+    where = f"task.{what}: " if section else ""
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise ValueError(f"unknown {kind} {unknown[0]!r}; choose from {', '.join(known)}")
+        raise error(f"{where}unknown {kind} {unknown[0]!r}; choose from {', '.join(known)}")
     if (not names and not empty_ok) or len(set(names)) != len(names):
-        raise ValueError(f"{what} must be a {'' if empty_ok else 'non-empty '}list without repeats")
+        raise error(f"{'task.' if section else ''}{what} must be a {'' if empty_ok else 'non-empty '}list without "
+                    "repeats")
     return names
 
 

@@ -4,6 +4,7 @@ so a message that reaches a fresh process continues where the last one stopped."
 from __future__ import annotations
 
 import hashlib
+import sys
 import tempfile
 import tomllib
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from fedsilo.client.store import DiskStore
 from fedsilo.config import ConfigError, RunConfig, validate
 from fedsilo.core.transforms import SiloRefused
 from fedsilo.models.precision import autocast
+from fedsilo.runs.datacheck import check_at_start
 
 from .codec import from_arrays, refusal_to_content, rows_to_record, update_to_content
 
@@ -50,6 +52,24 @@ def silo_name(cfg: RunConfig, node_config: dict) -> str:
     return name
 
 
+def silo_view(task, name: str, data_dir, silo_path: str | None):
+    """The task settings as this silo's machine sees them: only its own silo, the benchmark folder it
+    was given, and its own source read from `silo_path` (its path on this machine) when given."""
+    view = task.for_silos([name]).model_copy(update={"data_dir": data_dir})
+    source = view.own_source(name)
+    if silo_path and source is not None:
+        view = view.model_copy(update={"sources": {**view.sources, name: source.model_copy(update={"path": silo_path})}})
+    elif silo_path:
+        raise ConfigError(f"this SuperNode's silo-path {silo_path!r} is for an own silo, but {name} is a benchmark "
+                          "silo of this run (its files come from data-dir)")
+    return view
+
+
+def _warn_here(message: str) -> None:
+    """A silo's data warnings go to its own log (the SuperNode's), where its operator reads them."""
+    print(f"fedsilo: warning: {message}", file=sys.stderr, flush=True)
+
+
 def silo_for(message: Message, context: Context) -> Silo:
     """Build (once per process) this silo's task, model and client from the run's config."""
     from fedsilo.recipe import build_client, build_model, build_task, exchange_plan, initial_private
@@ -64,11 +84,13 @@ def silo_for(message: Message, context: Context) -> Silo:
     if key not in _SILOS:
         if cfg.engine.threads != "auto":  # each silo is a process of its own: the threads are all its own
             torch.set_num_threads(cfg.engine.threads)
-        # this machine's view: its own silo, its own data folder
-        own = cfg.model_copy(update={"task": cfg.task.for_silos([name]).model_copy(update={"data_dir": data_dir})})
+        # this machine's view: its own silo, its own files (the SuperNode's silo-path and data-dir)
+        own = cfg.model_copy(update={"task": silo_view(cfg.task, name, data_dir, context.node_config.get("silo-path"))})
         model, tokenizer = build_model(own)
+        state = Path(root) / str(conf["run-key"])  # the run key is its run id
+        check_at_start(own, state, True, _warn_here, silos=[name])  # fingerprints kept on the silo's disk
         task = build_task(own, tokenizer, clients=[name])
-        store = DiskStore(Path(root) / str(conf["run-key"]), str(conf["run-key"]))  # the run key is its run id
+        store = DiskStore(state, str(conf["run-key"]))
         plan = exchange_plan(cfg)
         client = build_client(cfg, task, model, store, name, cfg.task.client_names().index(name),
                               task.examples(name, "train"), cfg.client_config(name), initial_private(model, plan), plan)

@@ -1,7 +1,9 @@
 """A real Flower deployment on this machine: one SuperLink, one SuperNode per silo, `flwr run`.
 
-Each SuperNode is given only its own silo's data folder and state folder (node config), as it
-would be on the silo's own machine; the ServerApp runs under the SuperLink and never sees them.
+Each SuperNode is pointed at its silo's own files where they are (node config: `silo-path` for an
+own silo's source, `data-dir` for the benchmark's folder; nothing is copied) and at a state folder
+of its own, as it would be on the silo's own machine; the ServerApp runs under the SuperLink and
+never sees them.
 `stop` ends every process the deployment started, also the ClientApp/ServerApp subprocesses Flower
 starts in process groups of their own (found by the deployment's FLWR_HOME in their environment).
 docs/flower.md shows the same on separate machines with TLS and SuperNode authentication.
@@ -229,7 +231,7 @@ def flower_env(home: Path) -> dict[str, str]:
 class LocalDeployment:
     """SuperLink + SuperNodes on 127.0.0.1 for one workdir; use as a context manager."""
     workdir: Path
-    silos: dict[str, Path]  # silo name → that silo's own data folder
+    silos: dict[str, dict[str, str]]  # silo name → its node config (silo-path, data-dir), see `silo_nodes`
     port: int = field(default_factory=free_port)
     fleet_port: int | None = None  # where SuperNodes connect, if not the SuperLink's port (a relay)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
@@ -238,7 +240,7 @@ class LocalDeployment:
     def __post_init__(self) -> None:
         # Flower's processes run in the work folder: a relative path would be read from there.
         self.workdir = Path(self.workdir).resolve()
-        self.silos = {silo: Path(data).resolve() for silo, data in self.silos.items()}
+        self.silos = {silo: {k: str(Path(v).resolve()) for k, v in node.items()} for silo, node in self.silos.items()}
 
     @property
     def home(self) -> Path:
@@ -264,8 +266,8 @@ class LocalDeployment:
         link = self._start("superlink", [str(bin_dir / "flower-superlink"), "--insecure", "--host", "127.0.0.1",
                                          "--port", str(self.port), "--disable-runtime-dependency-installation"])
         wait_for_port(self.port, 60, link, self.log("superlink"))
-        for silo, data in self.silos.items():
-            self.start_supernode(silo, data)
+        for silo, node in self.silos.items():
+            self.start_supernode(silo, node)
         return self
 
     def pids(self) -> list[int]:
@@ -281,11 +283,11 @@ class LocalDeployment:
                 continue
         return found
 
-    def start_supernode(self, silo: str, data: Path) -> subprocess.Popen:
+    def start_supernode(self, silo: str, node: dict[str, str]) -> subprocess.Popen:
         state = self.workdir / "state" / silo
         state.mkdir(parents=True, exist_ok=True)
-        node_config = (f"silo={config_value(silo)} data-dir={config_value(Path(data).resolve())} "
-                       f"state-dir={config_value(state)}")
+        node_config = " ".join([f"silo={config_value(silo)}", *(f"{k}={config_value(v)}" for k, v in node.items()),
+                                f"state-dir={config_value(state)}"])
         return self._start(f"supernode-{silo}", [
             str(Path(sys.executable).parent / "flower-supernode"), "--insecure",
             "--superlink", f"127.0.0.1:{self.fleet_port or self.port}", "--port", str(free_port()), "--node-config", node_config])
@@ -401,24 +403,15 @@ class LocalDeployment:
         self.stop()
 
 
-def split_silo_data(data_dir: Path, silos: list[str], dest: Path, files=None) -> dict[str, Path]:
-    """One folder per silo holding only that silo's files, as each institution would have:
-    `files(silo)` (paths relative to `data_dir`, the task's `silo_files`), else the files named
-    after the silo.
-
-    Copied afresh on every call: a copy left by an earlier deployment could hold files since
-    corrected or removed in `data_dir`."""
-    data_dir = Path(data_dir)
-    if not data_dir.is_dir():
-        raise DeploymentError(f"task.data_dir {data_dir}: no such folder")
+def silo_nodes(task, data_dir: Path | None) -> dict[str, dict[str, str]]:
+    """Each silo's node config, pointing at its files where they are: an own silo's source path
+    (`silo-path`) and the benchmark's folder (`data-dir`) when the run reads one. On separate
+    machines each silo passes its own paths the same way (docs/flower.md)."""
     out = {}
-    for silo in silos:
-        own = dest / silo
-        shutil.rmtree(own, ignore_errors=True)
-        own.mkdir(parents=True)
-        names = files(silo) if files else [f.name for f in data_dir.glob(f"{silo}*") if f.is_file()]
-        for name in names:
-            (own / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(data_dir / name, own / name)
-        out[silo] = own
+    for silo in task.client_names():
+        node = {"data-dir": str(data_dir)} if data_dir is not None else {}
+        own = task.own_source(silo)
+        if own is not None:
+            node["silo-path"] = own.path
+        out[silo] = node
     return out

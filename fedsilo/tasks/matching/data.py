@@ -34,16 +34,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedsilo.datafetch import DataError, read_manifest, require_files, warn_if_unpinned
+from fedsilo.sources.check import Item, SiloCheck, inspect_items
+from fedsilo.sources.load import Loaded, accept, group_key, load_rows
+from fedsilo.sources.read import Problem
 
 from ..prepared import cache_path, ignored, package_version, read_cache, write_cache
 from .bm25 import Bm25Index, top_k
+from .plugin import DISPLAY, SILOS, MatchingSettings
 
 __all__ = ["SILOS", "DISPLAY", "SPLITS", "PREPARE_VERSION", "DataError", "Question", "load_silo",
-           "required_files", "verify_data_dir"]
+           "silo_questions", "own_questions", "inspect_silo", "required_files", "verify_data_dir"]
 
-SILOS = ("medquad", "fiqa", "insuranceqa", "wikiqa", "trecqa")
-DISPLAY = {"medquad": "MedQuAD", "fiqa": "FiQA", "insuranceqa": "InsuranceQA", "wikiqa": "WikiQA",
-           "trecqa": "TrecQA"}
 SPLITS = ("train", "dev", "test")
 
 PREPARE_VERSION = 1
@@ -74,6 +75,115 @@ class Question:
     text: str
     candidates: tuple[str, ...]
     labels: tuple[int, ...]  # 1 relevant, 0 not, aligned with candidates
+
+
+def silo_questions(settings: MatchingSettings, silo: str, data_dir: Path | None) -> dict[str, list[Question]]:
+    """A silo's questions per split: its own source's (malformed rows refused or skipped as the
+    source says), else the benchmark silo's from `data_dir`."""
+    source = settings.own_source(silo)
+    if source is None:
+        return load_silo(data_dir, silo, settings.negatives)
+    loaded = load_rows(silo, source)
+    splits, problems = own_questions(loaded, settings.negatives)
+    accept(loaded, source, _in_file_order(loaded, problems))
+    return splits
+
+
+def _in_file_order(loaded: Loaded, problems: list[Problem]) -> list[Problem]:
+    """The reader's problems and the rows' (labels) together, by file (in split order) and line: a
+    run's error shows the first ones, also where a split cut from one file interleaves its lines."""
+    files = {str(f): i for i, f in enumerate(loaded.files)}
+
+    def key(p: Problem) -> tuple[int, int]:
+        path, _, line = p.where.rpartition(":")
+        return files.get(path, len(files)), int(line) if line.isdigit() else 0
+    return sorted(loaded.problems + problems, key=key)
+
+
+def own_questions(loaded: Loaded, negatives: int) -> tuple[dict[str, list[Question]], list[Problem]]:
+    """Rows as questions (gathered by question text, case and spacing aside; a row with lists is a
+    question of its own) and the rows that cannot be one (a label not 0/1, lists of unequal
+    length, a label missing where others have one). A source with no label at all holds correct
+    answers only: each question gets the `negatives` answers of the silo BM25 ranks highest for it."""
+    labelled = any("label" in r.values for rows in loaded.splits.values() for r in rows)
+    problems: list[Problem] = []
+    out: dict[str, list[Question]] = {}
+    for split, rows in loaded.splits.items():
+        asked: dict[str, tuple[str, str, list[tuple[str, int]]]] = {}  # key → (qid, text, judged)
+        for r in rows:
+            judged = _judged(r, labelled, problems)
+            if judged is None:
+                continue
+            key = group_key(r.values["question"]) if not isinstance(r.values["candidate"], list) else r.where
+            asked.setdefault(key, (r.where, r.values["question"], []))[2].extend(judged)
+        out[split] = [_question(qid, text, judged) for qid, text, judged in asked.values()]
+    if not labelled:
+        pool = list(dict.fromkeys(c for qs in out.values() for q in qs for c in q.candidates))
+        out = {split: _mine([(q.qid, q.text, list(q.candidates)) for q in qs], pool, negatives)
+               for split, qs in out.items()}
+    return out, problems
+
+
+def _judged(row, labelled: bool, problems: list[Problem]) -> list[tuple[str, int]] | None:
+    """A row's (candidate, label) pairs, or None (and a problem) when it is malformed."""
+    candidates, label = row.values["candidate"], row.values.get("label")
+    many = isinstance(candidates, list)
+    if many and not all(candidates):  # the reader keeps a list's items as they are
+        problems.append(Problem(row.where, "candidate holds an empty item"))
+        return None
+    if not labelled:
+        return [(c, 1) for c in (candidates if many else [candidates])]
+    if label is None:
+        problems.append(Problem(row.where, "no label (other rows of the source have one: label every row, or none)"))
+        return None
+    labels = label if isinstance(label, list) else [label]
+    if not many:
+        candidates = [candidates]
+    if len(labels) != len(candidates):
+        problems.append(Problem(row.where, f"{len(candidates)} candidates but {len(labels)} labels"))
+        return None
+    values = [_label_value(x) for x in labels]
+    bad = next((x for x, v in zip(labels, values) if v is None), None)
+    if bad is not None:
+        problems.append(Problem(row.where, f"label {bad!r} is not 0 or 1 (nor true/false, yes/no)"))
+        return None
+    return list(zip(candidates, values))
+
+
+_LABELS = {"1": 1, "0": 0, "true": 1, "false": 0, "yes": 1, "no": 0, "1.0": 1, "0.0": 0}
+
+
+def _label_value(text: str) -> int | None:
+    return _LABELS.get(text.strip().lower())
+
+
+def question_items(questions: Iterable[Question]) -> list[Item]:
+    """Questions as `fedsilo data check` compares them: grouped by question text."""
+    return [Item(q.qid, q.text, (q.text, q.candidates, q.labels)) for q in questions]
+
+
+def inspect_silo(settings: MatchingSettings, silo: str, data_dir: Path | None) -> SiloCheck:
+    """`fedsilo data check`'s view of one silo (every malformed row listed, none refused here)."""
+    source = settings.own_source(silo)
+    if source is None:
+        splits = load_silo(data_dir, silo, settings.negatives)
+        check = inspect_items(silo, "benchmark", "questions", {s: question_items(v) for s, v in splits.items()},
+                              "question", files=[Path(data_dir) / f for f in required_files([silo])])
+    else:
+        loaded = load_rows(silo, source)
+        splits, problems = own_questions(loaded, settings.negatives)
+        check = inspect_items(silo, source.format_name, "questions",
+                              {s: question_items(v) for s, v in splits.items()}, "question",
+                              _in_file_order(loaded, problems), source.bad_rows == "skip", loaded.files)
+    for split in SPLITS:
+        qs = splits[split]
+        rankable = sum(0 < sum(q.labels) < len(q.labels) for q in qs)
+        if qs and rankable < len(qs):
+            check.notes.append(f"{split}: {len(qs) - rankable} of {len(qs)} questions lack a relevant or an "
+                               "irrelevant candidate (left out of training and of MAP/MRR)")
+        if qs and not rankable:
+            check.counts[split] = 0  # nothing the run can use: blocking, as the run would refuse it
+    return check
 
 
 def required_files(silos: Iterable[str]) -> list[str]:

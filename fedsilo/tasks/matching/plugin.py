@@ -1,18 +1,42 @@
 """matching's registration: its config section and a lazy builder (no model or data code here)."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
-from fedsilo.tasks import TASKS, TaskPlugin, TaskSettings, check_names
+from fedsilo.sources.settings import Roles, SourceSettings
+from fedsilo.tasks import TASKS, TaskPlugin, TaskSettings, check_names, check_sources
 
-SILOS = ("medquad", "fiqa", "insuranceqa", "wikiqa", "trecqa")  # = data.SILOS (no data code on import)
+SILOS = ("medquad", "fiqa", "insuranceqa", "wikiqa", "trecqa")  # the benchmark's silos (no data code on import)
+DISPLAY = {"medquad": "MedQuAD", "fiqa": "FiQA", "insuranceqa": "InsuranceQA", "wikiqa": "WikiQA",
+           "trecqa": "TrecQA"}
+
+
+class RankingSource(SourceSettings):
+    """An own answer-selection silo: (question, candidate, label) rows, a question's rows gathered
+    wherever they are; or JSONL rows holding a question with lists of candidates and labels. Without
+    any label every candidate is a correct answer and `task.negatives` BM25-mined answers of the
+    silo are its wrong ones (the paper's way for sources without negatives)."""
+    ROLES: ClassVar[Roles] = Roles(("question", "candidate"), optional=("label",), key="question",
+                                   lists=("candidate", "label"), aliases=(
+        ("question", ("query", "q", "questions", "question_text")),
+        ("candidate", ("answer", "answers", "candidates", "passage", "response", "document", "a")),
+        ("label", ("labels", "relevant", "is_relevant", "relevance", "correct", "y"))))
 
 
 class MatchingSettings(TaskSettings):
+    SOURCE: ClassVar[type[SourceSettings]] = RankingSource
+    BENCHMARK: ClassVar[tuple[str, ...]] = SILOS
+    DISPLAY: ClassVar[dict[str, str]] = DISPLAY
+
     name: Literal["matching"] = "matching"
-    silos: list[str] = Field(default_factory=lambda: list(SILOS), description="one client per domain")
+    sources: dict[str, RankingSource] = Field(
+        default_factory=dict, description="own silos (and benchmark ones, format = \"benchmark\") by name: "
+                                          "their files, format, fields and splits (docs/your-data.md)")
+    silos: list[str] = Field(default_factory=lambda: list(SILOS),
+                             description="the run's silos: benchmark domains and [task.sources] names (default: "
+                                         "the sources if any, else the five domains)")
     max_train: int = Field(0, ge=0, description="training questions per silo, a fixed subsample (0 = all)")
     max_eval: int = Field(0, ge=0, description="dev/test questions per silo: a fixed subsample of those with "
                                                "a relevant and an irrelevant candidate (0 = all)")
@@ -25,16 +49,25 @@ class MatchingSettings(TaskSettings):
     reference: list[Literal["bm25"]] = Field(default_factory=lambda: ["bm25"],
                                              description="untrained reference rankers scored beside the model")
 
-    @field_validator("silos")
+    @field_validator("sources")
     @classmethod
-    def _silos(cls, v: list[str]) -> list[str]:
-        return check_names(v, SILOS)
+    def _sources(cls, v: dict[str, RankingSource]) -> dict[str, RankingSource]:
+        return check_sources(v, SILOS)
+
+    @model_validator(mode="after")
+    def _known_silos(self) -> "MatchingSettings":
+        check_names(self.silos, self.known_clients(), section=True)
+        return self
 
     def client_names(self) -> list[str]:
         return list(self.silos)
 
     def known_clients(self) -> list[str]:
-        return list(SILOS)
+        return list(dict.fromkeys([*SILOS, *self.sources]))
+
+    def for_silos(self, names: list[str]) -> "MatchingSettings":
+        return self.model_copy(update={"silos": list(names),
+                                       "sources": {k: v for k, v in self.sources.items() if k in names}})
 
 
 def _build(settings: MatchingSettings, tokenizer, data_dir):
@@ -49,14 +82,19 @@ def _spec():
 
 def _verify(settings: MatchingSettings, data_dir) -> None:
     from .data import verify_data_dir
-    verify_data_dir(settings.silos, data_dir)
+    verify_data_dir([s for s in settings.silos if not settings.own_source(s)], data_dir)
 
 
 def _silo_files(settings: MatchingSettings, silo: str) -> list[str]:
     from .data import required_files
-    return required_files([silo])
+    return [] if settings.own_source(silo) else required_files([silo])
+
+
+def _inspect(settings: MatchingSettings, silo: str, data_dir):
+    from .data import inspect_silo
+    return inspect_silo(settings, silo, data_dir)
 
 
 TASKS.register("matching", MatchingSettings)(TaskPlugin(
-    build=_build, spec=_spec, data="matching", verify=_verify, silo_files=_silo_files,
+    build=_build, spec=_spec, data="matching", verify=_verify, silo_files=_silo_files, inspect=_inspect,
     default_model={"kind": "encoder", "name": "minilm"}))

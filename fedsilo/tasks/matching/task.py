@@ -17,7 +17,7 @@ import torch
 from fedsilo.tasks.base import fixed_subsample, pool
 from fedsilo.tasks.tokens import attention_mask, pad_rows
 
-from .data import DISPLAY, DataError, Question, load_silo
+from .data import DataError, Question, silo_questions
 from .metrics import SPEC, question_stats
 from .plugin import MatchingSettings
 
@@ -76,18 +76,20 @@ class MatchingTask:
     """The chosen domains as silos: train triples, dev/test questions with their candidate lists."""
     name = "matching"
     spec = SPEC
-    display = DISPLAY
 
-    def __init__(self, settings: MatchingSettings, tokenizer, data_dir: str | Path) -> None:
-        self.settings, self.tokenizer, self.data_dir = settings, tokenizer, Path(data_dir)
+    def __init__(self, settings: MatchingSettings, tokenizer, data_dir: str | Path | None) -> None:
+        self.settings, self.tokenizer = settings, tokenizer
+        self.data_dir = Path(data_dir) if data_dir is not None else None
+        self.display = settings.display_names()
         self.reference_names = list(settings.reference)
         self.questions: dict[str, dict[str, list[Question]]] = {}
         self.train: dict[str, list[Triple]] = {}
         self._pools: dict[str, tuple[object, dict[str, int]]] = {}  # BM25 per silo, built on first use
         for silo in settings.silos:
-            raw = load_silo(self.data_dir, silo, settings.negatives)
+            raw = silo_questions(settings, silo, self.data_dir)
+            where = settings.own_source(silo).path if settings.own_source(silo) else self.data_dir
             for split in SPLITS:
-                _check_rankable(self.data_dir, silo, split, raw[split])
+                _check_rankable(where, silo, split, raw[split])
             trainable = [q for q in raw["train"] if _rankable(q)]
             self.questions[silo] = {
                 "train": fixed_subsample(trainable, settings.max_train, f"{silo}/train"),
@@ -138,6 +140,16 @@ class MatchingTask:
 
     def token_settings(self) -> dict:
         return {"max_length": self.settings.max_length}
+
+    def length_checks(self, client: str) -> list:
+        """Tokens of '[CLS] q [SEP] a [SEP]' for every candidate of the silo's questions, uncut."""
+        from fedsilo.sources.check import Lengths
+
+        pairs = [(q.text, c) for split in SPLITS for q in self.questions[client][split] for c in q.candidates]
+        lengths = [len(ids) for ids in self.tokenizer([q for q, _ in pairs], [a for _, a in pairs],
+                                                      return_attention_mask=False,
+                                                      return_token_type_ids=False)["input_ids"]] if pairs else []
+        return [Lengths("question + answer tokens", "task.max_length", self.settings.max_length, tuple(lengths))]
 
     def loss(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """FedMatch's pairwise hinge, mean over the batch: max(0, margin − f(q,a⁺) + f(q,a⁻))."""
@@ -207,7 +219,7 @@ class MatchingTask:
     def _pool(self, silo: str):
         if silo not in self._pools:
             from .bm25 import Bm25Index
-            raw = load_silo(self.data_dir, silo, self.settings.negatives)  # cached on disk: cheap
+            raw = silo_questions(self.settings, silo, self.data_dir)  # cached on disk (or small own files): cheap
             texts = list(dict.fromkeys(c for s in SPLITS for q in raw[s] for c in q.candidates))
             self._pools[silo] = (Bm25Index(texts), {t: i for i, t in enumerate(texts)})
         return self._pools[silo]

@@ -7,6 +7,7 @@ content of the source files (`fedsilo.tasks.prepared`).
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 import tarfile
 import zipfile
@@ -14,6 +15,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fedsilo.datafetch import DataError, require_files, warn_if_unpinned
+from fedsilo.sources.check import Item, SiloCheck, inspect_items
+from fedsilo.sources.load import Loaded, accept, load_rows
+from fedsilo.sources.read import Problem
 from fedsilo.tasks.prepared import cache_path, ignored, package_version, read_cache, write_cache
 
 from .catalog import CATALOG, PAPER_CLIENTS, Pools, Record, TaskInfo
@@ -87,6 +91,85 @@ def load_fewshot(root: Path, name: str, seeds: Sequence[int], k_per_class: int, 
     _check(info, shots, root)
     write_cache(path, {s: [[r.input, list(r.outputs)] for r in getattr(shots, s)] for s in SPLITS})
     return shots
+
+
+def own_records(loaded: Loaded) -> dict[str, list[Record]]:
+    """An own silo's rows as records (outputs: the references, the first one the training target)."""
+    def outputs(value) -> tuple[str, ...]:
+        return tuple(value) if isinstance(value, list) else (value,)
+    return {split: [Record(r.values["input"], outputs(r.values["output"])) for r in rows]
+            for split, rows in loaded.splits.items()}
+
+
+def unscorable(loaded: Loaded, source, rouge: str) -> list[Problem]:
+    """Rows whose references cannot be scored, found before training rather than at the first
+    evaluation: an empty item of an output list (it would reward an empty prediction), and a dev or
+    test reference the source's ROUGE-L cannot score at all (`rouge = "crossfit"`: one without a word)."""
+    from .metrics import rouge_l
+
+    out = []
+    for split, rows in loaded.splits.items():
+        for r in rows:
+            refs = r.values["output"] if isinstance(r.values["output"], list) else [r.values["output"]]
+            if not all(refs):
+                out.append(Problem(r.where, "output holds an empty reference"))
+                continue
+            for ref in (refs if source.metric == "rouge_l" and split != "train" else ()):
+                try:
+                    rouge_l("x", ref, rouge)
+                except ValueError:
+                    out.append(Problem(r.where, f"reference {ref!r} has no word ROUGE-L ({rouge}) can score"))
+                    break
+    return out
+
+
+def _in_file_order(loaded: Loaded, problems: list[Problem]) -> list[Problem]:
+    """The reader's problems and the references' together, by file (in split order) and line."""
+    files = {str(f): i for i, f in enumerate(loaded.files)}
+
+    def key(p: Problem) -> tuple[int, int]:
+        path, _, line = p.where.rpartition(":")
+        return files.get(path, len(files)), int(line) if line.isdigit() else 0
+    return sorted(loaded.problems + problems, key=key)
+
+
+def _without(loaded: Loaded, problems: list[Problem]) -> Loaded:
+    bad = {p.where for p in problems}
+    return dataclasses.replace(loaded, splits={s: [r for r in rows if r.where not in bad]
+                                               for s, rows in loaded.splits.items()})
+
+
+def own_shots(settings, silo: str) -> FewShot:
+    """An own silo's splits as given (malformed rows refused or skipped as its source says)."""
+    source = settings.own_source(silo)
+    loaded = load_rows(silo, source)
+    problems = unscorable(loaded, source, settings.rouge)
+    accept(loaded, source, _in_file_order(loaded, problems))
+    records = own_records(_without(loaded, problems))
+    return FewShot(*(records[s] for s in SPLITS))
+
+
+def inspect_silo(settings, silo: str, data_dir: Path | None) -> SiloCheck:
+    """`fedsilo data check`'s view of one client: its tasks' examples (an own silo's rows, every
+    malformed one listed), grouped by input."""
+    def items(records, where=None) -> list[Item]:
+        return [Item(w or "", r.input, (r.input, r.outputs)) for r, w in zip(records, where or [None] * len(records))]
+
+    source = settings.own_source(silo)
+    if source is None:
+        names = settings.assignment_map()[silo]
+        shots = {name: load_fewshot(Path(data_dir), name, settings.sample_seeds, settings.k_per_class,
+                                    settings.k_total) for name in names}
+        splits = {s: [it for name in names for it in items(getattr(shots[name], s))] for s in SPLITS}
+        return inspect_items(silo, f"benchmark, {len(names)} tasks", "examples", splits, "input",
+                             files=[Path(data_dir) / f for f in task_files(names)])
+    loaded = load_rows(silo, source)
+    problems = unscorable(loaded, source, settings.rouge)
+    kept = _without(loaded, problems)
+    records = own_records(kept)
+    splits = {s: items(records[s], [r.where for r in kept.splits[s]]) for s in SPLITS}
+    return inspect_items(silo, source.format_name, "examples", splits, "input", _in_file_order(loaded, problems),
+                         source.bad_rows == "skip", loaded.files)
 
 
 def _convert(info: TaskInfo, root: Path) -> Pools:

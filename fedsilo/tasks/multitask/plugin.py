@@ -1,11 +1,24 @@
 """multitask's registration: its config section and a lazy builder (no model code imported here)."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from fedsilo.tasks import TASKS, TaskPlugin, TaskSettings, check_names
+from fedsilo.sources.settings import Roles, SourceSettings
+from fedsilo.tasks import TASKS, TaskPlugin, TaskSettings, check_names, check_sources
+
+
+class TextTaskSource(SourceSettings):
+    """An own multitask silo: one client holding one text-to-text task of its own, (input, output)
+    rows used as given (no few-shot resampling); a JSONL output may list several references. The
+    task is named after the silo (its inputs read "NAME: input") and scored with `metric`."""
+    ROLES: ClassVar[Roles] = Roles(("input", "output"), key="input", lists=("output",), aliases=(
+        ("input", ("source", "text", "question", "prompt", "src")),
+        ("output", ("target", "label", "answer", "outputs", "labels", "tgt"))))
+    metric: Literal["acc", "em", "qa_f1", "macro_f1", "rouge_l", "mcc"] = Field(
+        "em", description="how predictions are scored (CrossFit's metrics): acc, em, qa_f1, macro_f1 "
+                          "(classification), rouge_l (generation), mcc")
 
 
 def _catalog() -> list[str]:
@@ -16,6 +29,7 @@ def _catalog() -> list[str]:
 
 
 class MultitaskSettings(TaskSettings):
+    SOURCE: ClassVar[type[SourceSettings]] = TextTaskSource
     name: Literal["multitask"] = "multitask"
     tasks: list[str] | None = Field(None, description="CrossFit task names; None: every converted task "
                                                       "that is among the paper's")
@@ -31,7 +45,11 @@ class MultitaskSettings(TaskSettings):
                                                 "several: their samples together form each split")
     k_per_class: int = Field(16, gt=0, description="few-shot examples per class (classification)")
     k_total: int = Field(32, gt=0, description="few-shot examples per task (other tasks)")
-    silos: list[str] | None = Field(None, description="the clients this run (or machine) holds; None: all")
+    silos: list[str] | None = Field(None, description="the clients this run (or machine) holds; None: all "
+                                                      "(with [task.sources]: the own silos)")
+    sources: dict[str, TextTaskSource] = Field(
+        default_factory=dict, description="own silos by name, each a client holding one task of its own: files, "
+                                          "format, fields, splits, metric (docs/your-data.md)")
     max_source_length: int = Field(256, gt=0, le=4096)
     max_target_length: int = Field(64, gt=0, le=4096)
     rouge: Literal["crossfit", "google"] = Field(
@@ -43,10 +61,22 @@ class MultitaskSettings(TaskSettings):
     def _known_tasks(cls, v: list[str] | None) -> list[str] | None:
         return v if v is None else check_names(v, _catalog(), "multitask task", "tasks")
 
+    @field_validator("sources")
+    @classmethod
+    def _sources(cls, v: dict[str, TextTaskSource]) -> dict[str, TextTaskSource]:
+        if any(s.is_benchmark for s in v.values()):
+            raise ValueError("sources: multitask's benchmark clients are dealt CrossFit tasks (clients, tasks, "
+                             "assignment), not named sources; format = \"benchmark\" does not apply")
+        taken = [n for n in v if n in set(_catalog()) or n.startswith("client_")]
+        if taken:
+            raise ValueError(f"sources.{taken[0]}: the name of a CrossFit task or a dealt client (client_N); "
+                             "give your silo another name")
+        return check_sources(v, ())
+
     @model_validator(mode="after")
     def _known_silos(self) -> "MultitaskSettings":
         if self.silos is not None:
-            check_names(self.silos, self.known_clients(), "client", "silos")
+            check_names(self.silos, self.known_clients(), "client", "silos", section=True)
         if self.assignment == "paper" and self.clients != 4:
             raise ValueError("assignment 'paper' is the paper's 4 clients: set clients = 4")
         return self
@@ -60,14 +90,19 @@ class MultitaskSettings(TaskSettings):
     def assignment_map(self) -> dict[str, list[str]]:
         """Every client's tasks (all clients: a sub-run or a silo's machine sees the same deal)."""
         from .data import assign
-        return assign(self.task_names(), self.clients, self.assignment_seed, self.tasks_per_client,
-                      self.assignment)
+        dealt = assign(self.task_names(), self.clients, self.assignment_seed, self.tasks_per_client,
+                       self.assignment)
+        return {**dealt, **{name: [name] for name in self.sources}}
 
     def client_names(self) -> list[str]:
         return list(self.silos) if self.silos is not None else self.known_clients()
 
     def known_clients(self) -> list[str]:
-        return [f"client_{i + 1}" for i in range(self.clients)]
+        return [f"client_{i + 1}" for i in range(self.clients)] + list(self.sources)
+
+    def for_silos(self, names: list[str]) -> "MultitaskSettings":
+        return self.model_copy(update={"silos": list(names),
+                                       "sources": {k: v for k, v in self.sources.items() if k in names}})
 
 
 def _build(settings: MultitaskSettings, tokenizer, data_dir):
@@ -81,8 +116,9 @@ def _spec():
 
 
 def _needed(settings: MultitaskSettings) -> list[str]:
+    """The CrossFit tasks whose files this config reads (own silos read their own)."""
     tasks = settings.assignment_map()
-    return [t for c in settings.client_names() for t in tasks[c]]
+    return [t for c in settings.client_names() if not settings.own_source(c) for t in tasks[c]]
 
 
 def _verify(settings: MultitaskSettings, data_dir) -> None:
@@ -92,9 +128,14 @@ def _verify(settings: MultitaskSettings, data_dir) -> None:
 
 def _silo_files(settings: MultitaskSettings, silo: str) -> list[str]:
     from .data import task_files
-    return task_files(settings.assignment_map()[silo])
+    return [] if settings.own_source(silo) else task_files(settings.assignment_map()[silo])
+
+
+def _inspect(settings: MultitaskSettings, silo: str, data_dir):
+    from .data import inspect_silo
+    return inspect_silo(settings, silo, data_dir)
 
 
 TASKS.register("multitask", MultitaskSettings)(TaskPlugin(
-    build=_build, spec=_spec, data="multitask", verify=_verify, silo_files=_silo_files,
+    build=_build, spec=_spec, data="multitask", verify=_verify, silo_files=_silo_files, inspect=_inspect,
     default_model={"kind": "seq2seq", "name": "minilm2bert"}))

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from fedsilo.tasks.tokens import RowMemo, attention_mask, pad_rows, sorted_batches
 
 from .catalog import CATALOG
-from .data import SPLITS, load_fewshot
+from .data import SPLITS, load_fewshot, own_shots
 from .metrics import SPEC, example_stats
 from .plugin import MultitaskSettings
 
@@ -65,24 +65,34 @@ class MultitaskTask:
     name = "multitask"
     spec = SPEC
 
-    def __init__(self, settings: MultitaskSettings, tokenizer, data_dir: str | Path) -> None:
-        self.settings, self.tokenizer, self.data_dir = settings, tokenizer, Path(data_dir)
+    def __init__(self, settings: MultitaskSettings, tokenizer, data_dir: str | Path | None) -> None:
+        self.settings, self.tokenizer = settings, tokenizer
+        self.data_dir = Path(data_dir) if data_dir is not None else None
         self.eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
         assignment = settings.assignment_map()
         self.tasks = {c: assignment[c] for c in settings.client_names()}
         self.splits: dict[str, dict[str, dict[str, list[Example]]]] = {}  # client → split → task → examples
         self.rows = RowMemo(self)
+        self.metrics = {}  # task → its metric: the catalogue's, or an own silo's `metric`
         for client, names in self.tasks.items():
             parts: dict[str, dict[str, list[Example]]] = {s: {} for s in SPLITS}
+            own = settings.own_source(client)
             for name in names:
-                shots = load_fewshot(self.data_dir, name, settings.sample_seeds, settings.k_per_class,
-                                     settings.k_total)
+                if own is not None:
+                    shots, self.metrics[name] = own_shots(settings, client), own.metric
+                else:
+                    shots = load_fewshot(self.data_dir, name, settings.sample_seeds, settings.k_per_class,
+                                         settings.k_total)
+                    self.metrics[name] = CATALOG.get(name).metric
                 for split in SPLITS:
                     parts[split][name] = [Example(name, f"{name}: {r.input}", r.outputs)
                                           for r in getattr(shots, split)]
             self.splits[client] = parts
         self._written = self._writable_references()
-        self.display = {c: f"{c.replace('_', ' ').capitalize()} ({len(ts)} tasks)" for c, ts in self.tasks.items()}
+        named = settings.display_names()
+        self.display = {c: named.get(c) or (c if settings.own_source(c) else
+                                            f"{c.replace('_', ' ').capitalize()} ({len(ts)} tasks)")
+                        for c, ts in self.tasks.items()}
 
     # ---- the Task contract ---------------------------------------------------------------
 
@@ -132,6 +142,19 @@ class MultitaskTask:
         enc["token_weights"] = weights
         enc["annotated_rows"] = torch.tensor(len(rows))
         return enc
+
+    def length_checks(self, client: str) -> list:
+        """Tokens of the client's inputs ("task: input") and targets (+ EOS), uncut."""
+        from fedsilo.sources.check import Lengths
+
+        examples = [e for split in SPLITS for e in self.examples(client, split)]
+        src = self.tokenizer([e.source for e in examples], return_token_type_ids=False,
+                             return_attention_mask=False)["input_ids"] if examples else []
+        tgt = self.tokenizer([e.target for e in examples], add_special_tokens=False)["input_ids"] if examples else []
+        s = self.settings
+        return [Lengths("input tokens", "task.max_source_length", s.max_source_length, tuple(map(len, src))),
+                Lengths("target tokens (+ EOS)", "task.max_target_length", s.max_target_length,
+                        tuple(len(t) + 1 for t in tgt))]
 
     def token_settings(self) -> dict:
         return {"max_source_length": self.settings.max_source_length,
@@ -204,7 +227,7 @@ class MultitaskTask:
                         preds[i] = p.strip()
                     if progress is not None:
                         progress.advance(len(idx))
-                stats = example_stats(CATALOG.get(name).metric, preds,
+                stats = example_stats(self.metrics[name], preds,
                                       [tuple(self._written.get(r, r) for r in e.references) for e in examples],
                                       rouge=self.settings.rouge)
                 rows.append({"client": client, "task": name,

@@ -11,21 +11,20 @@ import csv
 import json
 import re
 import sqlite3
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedsilo.datafetch import DataError, require_files, warn_if_unpinned
-from fedsilo.tasks.text2sql.plugin import SILOS, Text2SQLSettings
+from fedsilo.sources.check import Item, SiloCheck, inspect_items
+from fedsilo.sources.load import Loaded, accept, load_rows
+from fedsilo.tasks.text2sql.plugin import DISPLAY, SILOS, SQLSource, Text2SQLSettings
 
 __all__ = [
     "SILOS", "DISPLAY", "SPLITS", "EXEC_DB", "DataError", "Example", "substitute",
-    "serialize_schema", "normalise_text", "normalise_sql", "load_silo", "verify_data_dir",
+    "serialize_schema", "normalise_text", "normalise_sql", "load_silo", "silo_examples", "silo_database",
+    "inspect_silo", "verify_data_dir",
 ]
 
-DISPLAY = {
-    "advising": "Advising", "atis": "ATIS", "geography": "GeoQuery", "restaurants": "Restaurants",
-    "scholar": "Scholar", "academic": "Academic", "imdb": "IMDB", "yelp": "Yelp",
-}
 SPLITS = ("train", "dev", "test")
 
 EXEC_DB = {"geography": "geography-db.added-in-2020.sqlite"}
@@ -53,6 +52,101 @@ class Example:
     question: str
     sql: str
     source: str
+    where: str = field(default="", compare=False)  # an own silo's file:line ("" for the benchmark's)
+
+
+def silo_examples(settings: Text2SQLSettings, silo: str, data_dir: Path | None) -> dict[str, list[Example]]:
+    """A silo's examples per split: its own source's (malformed rows refused or skipped as the
+    source says), else the benchmark silo's from `data_dir`."""
+    source = settings.own_source(silo)
+    if source is None:
+        return load_silo(data_dir, silo)
+    loaded = load_rows(silo, source)
+    accept(loaded, source)
+    return own_examples(loaded, source)
+
+
+def silo_database(settings: Text2SQLSettings, silo: str, data_dir: Path | None) -> Path | None:
+    """The SQLite file execution match runs on, if the silo has one."""
+    source = settings.own_source(silo)
+    if source is not None:
+        return Path(source.database) if source.database else None
+    return Path(data_dir) / EXEC_DB[silo] if silo in EXEC_DB and data_dir is not None else None
+
+
+def own_examples(loaded: Loaded, source: SQLSource) -> dict[str, list[Example]]:
+    """Rows as examples: the question as written, the SQL in its canonical form, the schema after
+    the question as the benchmark's inputs have it."""
+    schema = own_schema(source)
+    if source.database and source.schema_file:  # execution match runs on it: refused now, not after training
+        _check_database(Path(source.database))
+    return {split: [Example(loaded.name, r.values["question"], normalise_sql(r.values["sql"]),
+                            f"{r.values['question']} | {schema}", r.where) for r in rows]
+            for split, rows in loaded.splits.items()}
+
+
+def own_schema(source: SQLSource) -> str:
+    """The serialised schema: from the schema file (a benchmark-style CSV, or CREATE TABLE
+    statements in a .sql file), else from the database."""
+    if source.schema_file and Path(source.schema_file).suffix.lower() != ".sql":
+        return serialize_schema(source.schema_file)
+    conn = sqlite3.connect(":memory:")
+    try:
+        if source.schema_file:
+            path = Path(source.schema_file)
+            try:
+                conn.executescript(path.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError) as e:
+                raise DataError(f"cannot read schema file {path}: {e}") from None
+            except sqlite3.Error as e:
+                raise DataError(f"{path}: not SQL that SQLite can run ({e}); give CREATE TABLE statements") from None
+            return _schema_of(conn, path)
+    finally:
+        conn.close()
+    path = Path(source.database)
+    _check_database(path)
+    conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
+    try:
+        return _schema_of(conn, path)
+    finally:
+        conn.close()
+
+
+def _schema_of(conn: sqlite3.Connection, where: Path) -> str:
+    """'table: col, col | ...' (lower-case, the database's order) of every table."""
+    tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
+                                         "AND name NOT LIKE 'sqlite_%' ORDER BY rowid")]
+    if not tables:
+        raise DataError(f"{where}: no tables in the schema")
+    parts = []
+    for table in tables:
+        cols = [r[1].lower() for r in conn.execute(f"PRAGMA table_info({_quote(table)})")]
+        parts.append(f"{table.lower()}: {', '.join(cols)}")
+    return " | ".join(parts)
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def example_items(examples) -> list[Item]:
+    """Examples as `fedsilo data check` compares them: grouped by question."""
+    return [Item(e.where, e.question, (e.question, e.sql)) for e in examples]
+
+
+def inspect_silo(settings: Text2SQLSettings, silo: str, data_dir: Path | None) -> SiloCheck:
+    """`fedsilo data check`'s view of one silo (every malformed row listed, none refused here)."""
+    source = settings.own_source(silo)
+    if source is None:
+        splits = load_silo(data_dir, silo)
+        names = [f"{silo}.json", f"{silo}-schema.csv"] + ([EXEC_DB[silo]] if silo in EXEC_DB else [])
+        return inspect_items(silo, "benchmark", "examples", {s: example_items(v) for s, v in splits.items()},
+                             "question", files=[Path(data_dir) / n for n in names])
+    loaded = load_rows(silo, source)
+    extra = [Path(p) for p in (source.schema_file, source.database) if p]
+    return inspect_items(silo, source.format_name, "examples",
+                         {s: example_items(v) for s, v in own_examples(loaded, source).items()}, "question",
+                         loaded.problems, source.bad_rows == "skip", loaded.files + extra)
 
 
 def normalise_text(text: str) -> str:

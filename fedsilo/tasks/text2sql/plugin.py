@@ -1,18 +1,54 @@
 """text2sql's registration: its config section and a lazy builder (no model code imported here)."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
-from fedsilo.tasks import TASKS, TaskPlugin, TaskSettings, check_names
+from fedsilo.sources.settings import Roles, SourceSettings
+from fedsilo.tasks import TASKS, TaskPlugin, TaskSettings, check_names, check_sources
 
 SILOS = ("advising", "atis", "geography", "restaurants", "scholar", "academic", "imdb", "yelp")
+DISPLAY = {
+    "advising": "Advising", "atis": "ATIS", "geography": "GeoQuery", "restaurants": "Restaurants",
+    "scholar": "Scholar", "academic": "Academic", "imdb": "IMDB", "yelp": "Yelp",
+}
+
+
+class SQLSource(SourceSettings):
+    """An own text-to-SQL silo: (question, SQL) rows, with the database's schema (the model reads
+    "question | table: column, ... | ...") from a schema file or from the SQLite database, which
+    also gives execution match when present."""
+    ROLES: ClassVar[Roles] = Roles(("question", "sql"), key="question", aliases=(
+        ("question", ("utterance", "nl", "text", "query_text", "input")),
+        ("sql", ("query", "gold", "sql_query", "target", "output"))))
+    schema_file: str | None = Field(
+        None, description="the schema: a CSV of 'Table Name, Field Name' rows (the benchmark's "
+                                          "NAME-schema.csv) or SQL CREATE TABLE statements (.sql); default: read "
+                                          "from the database")
+    database: str | None = Field(None, description="a SQLite file the gold SQL runs on: execution match, and the "
+                                                   "schema when no schema file is given")
+
+    @model_validator(mode="after")
+    def _has_schema(self) -> "SQLSource":
+        if not self.is_benchmark and not (self.schema_file or self.database):
+            raise ValueError("give schema_file (a schema CSV or .sql file) or database (a SQLite file): the model reads "
+                             "each question with the schema")
+        return self
 
 
 class Text2SQLSettings(TaskSettings):
+    SOURCE: ClassVar[type[SourceSettings]] = SQLSource
+    BENCHMARK: ClassVar[tuple[str, ...]] = SILOS
+    DISPLAY: ClassVar[dict[str, str]] = DISPLAY
+
     name: Literal["text2sql"] = "text2sql"
-    silos: list[str] = Field(default_factory=lambda: list(SILOS))
+    sources: dict[str, SQLSource] = Field(
+        default_factory=dict, description="own silos (and benchmark ones, format = \"benchmark\") by name: "
+                                          "their files, format, fields, splits and schema (docs/your-data.md)")
+    silos: list[str] = Field(default_factory=lambda: list(SILOS),
+                             description="the run's silos: benchmark silos and [task.sources] names (default: "
+                                         "the sources if any, else the eight benchmark silos)")
     train_fraction: float = Field(1.0, gt=0, le=1, description="keep this share of each silo's train set")
     min_train: int = Field(0, ge=0, description="but at least this many (a small-scale study keeps small silos)")
     max_train: int = Field(0, ge=0, description="cap on train examples per silo (0 = all)")
@@ -21,16 +57,25 @@ class Text2SQLSettings(TaskSettings):
     max_target_length: int = Field(128, gt=0)
     exec_accuracy: bool = True
 
-    @field_validator("silos")
+    @field_validator("sources")
     @classmethod
-    def _known_silos(cls, v: list[str]) -> list[str]:
-        return check_names(v, SILOS)
+    def _sources(cls, v: dict[str, SQLSource]) -> dict[str, SQLSource]:
+        return check_sources(v, SILOS)
+
+    @model_validator(mode="after")
+    def _known_silos(self) -> "Text2SQLSettings":
+        check_names(self.silos, self.known_clients(), section=True)
+        return self
 
     def client_names(self) -> list[str]:
         return list(self.silos)
 
     def known_clients(self) -> list[str]:
-        return list(SILOS)
+        return list(dict.fromkeys([*SILOS, *self.sources]))
+
+    def for_silos(self, names: list[str]) -> "Text2SQLSettings":
+        return self.model_copy(update={"silos": list(names),
+                                       "sources": {k: v for k, v in self.sources.items() if k in names}})
 
 
 def _build(settings: Text2SQLSettings, tokenizer, data_dir):
@@ -48,6 +93,18 @@ def _verify(settings: Text2SQLSettings, data_dir) -> None:
     verify_data_dir(settings, data_dir)
 
 
+def _silo_files(settings: Text2SQLSettings, silo: str) -> list[str]:
+    from .data import EXEC_DB
+    if settings.own_source(silo):
+        return []
+    return [f"{silo}.json", f"{silo}-schema.csv"] + ([EXEC_DB[silo]] if silo in EXEC_DB else [])
+
+
+def _inspect(settings: Text2SQLSettings, silo: str, data_dir):
+    from .data import inspect_silo
+    return inspect_silo(settings, silo, data_dir)
+
+
 TASKS.register("text2sql", Text2SQLSettings)(TaskPlugin(
     build=_build, spec=_spec, data="text2sql", default_model={"kind": "seq2seq", "name": "tiny-t5"},
-    verify=_verify))
+    verify=_verify, silo_files=_silo_files, inspect=_inspect))

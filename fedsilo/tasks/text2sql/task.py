@@ -24,8 +24,8 @@ import torch
 from fedsilo.tasks.base import Column, MetricSpec, Metrics, fixed_subsample
 from fedsilo.tasks.tokens import RowMemo, pad_seq2seq, sorted_batches
 
-from .data import DISPLAY, DataError, Example, load_silo
-from .metrics import EXEC_DB, exact_match, execution_match
+from .data import DataError, Example, silo_database, silo_examples
+from .metrics import exact_match, execution_match
 from .plugin import Text2SQLSettings
 
 __all__ = ["Text2SQLTask", "TargetLengthWarning", "SPEC", "compute_metrics", "train_size"]
@@ -57,7 +57,7 @@ def compute_metrics(stats: Mapping[str, Any]) -> Metrics:
 SPEC = MetricSpec(
     columns=(
         Column("em", "EM %"),
-        Column("exec", "Exec %", in_macro=False),  # only GeoQuery has a database
+        Column("exec", "Exec %", in_macro=False),  # only silos with a database (GeoQuery, own ones given one)
         Column("loss", "test loss", fmt=".3f"),
         Column("fit", "targets that fit %"),
     ),
@@ -69,8 +69,8 @@ SPEC = MetricSpec(
     selection="pooled",
     description=("One row per text-to-SQL silo (database domain): EM and Exec are % of its examples whose "
                  "greedy prediction matches the gold SQL exactly (canonical form) or returns the same rows "
-                 "(GeoQuery only), test loss is the mean teacher-forced cross-entropy per target token "
-                 "(EOS included), and targets that fit is the % of gold SQL queries short enough "
+                 "(silos with a database: GeoQuery, and own silos given one), test loss is the mean "
+                 "teacher-forced cross-entropy per target token (EOS included), and targets that fit is the % of gold SQL queries short enough "
                  "(tokens + EOS <= max_target_length) to be matched at all."),
 )
 
@@ -105,18 +105,19 @@ class Text2SQLTask:
     """
     name = "text2sql"
     spec = SPEC
-    display = DISPLAY
 
-    def __init__(self, settings: Text2SQLSettings, tokenizer, data_dir: str | Path) -> None:
+    def __init__(self, settings: Text2SQLSettings, tokenizer, data_dir: str | Path | None) -> None:
         self.settings = settings
         self.tokenizer = tokenizer
-        self.data_dir = Path(data_dir)
+        self.data_dir = Path(data_dir) if data_dir is not None else None
+        self.display = settings.display_names()
         self.eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
         self.splits: dict[str, dict[str, list[Example]]] = {}
         self.rows = RowMemo(self)
         for silo in settings.silos:
-            raw = load_silo(self.data_dir, silo)
-            _require_splits(raw, self.data_dir / f"{silo}.json")
+            raw = silo_examples(settings, silo, self.data_dir)
+            own = settings.own_source(silo)
+            _require_splits(raw, Path(own.path) if own else self.data_dir / f"{silo}.json")
             self.splits[silo] = {
                 "train": fixed_subsample(raw["train"], train_size(len(raw["train"]), settings), f"{silo}/train"),
                 "dev": fixed_subsample(raw["dev"], settings.max_eval, f"{silo}/dev"),
@@ -176,7 +177,7 @@ class Text2SQLTask:
         longest down, each through the encoder once: its outputs serve both the teacher-forced loss
         and greedy decoding (as the paper evaluates)."""
         examples = self.examples(client, split)
-        db = EXEC_DB.get(client)
+        db = silo_database(self.settings, client, self.data_dir)
         with_exec = bool(final and self.settings.exec_accuracy and db)
         stats: dict[str, float] = {"correct": 0.0, "n": 0.0, "loss_sum": 0.0, "loss_n": 0.0,
                                    "fit": float(self._fit(examples))}
@@ -194,7 +195,7 @@ class Text2SQLTask:
                 stats["n"] += len(batch)
                 stats["correct"] += sum(exact_match(p, e.sql) for p, e in zip(preds, batch))
                 if with_exec:
-                    stats["exec_correct"] += sum(execution_match(p, e.sql, self.data_dir / db)
+                    stats["exec_correct"] += sum(execution_match(p, e.sql, db)
                                                  for p, e in zip(preds, batch))
                     stats["exec_n"] += len(batch)
                 if progress is not None:
@@ -231,6 +232,18 @@ class Text2SQLTask:
         cap = self.settings.max_target_length
         return sum(self.target_length(e) <= cap for e in examples)
 
+    def length_checks(self, client: str) -> list:
+        """Tokens of the silo's inputs (question | schema) and SQL targets (+ EOS), uncut."""
+        from fedsilo.sources.check import Lengths
+
+        examples = [e for split in SPLITS for e in self.splits[client][split]]
+        src = self.tokenizer([e.source for e in examples], verbose=False)["input_ids"] if examples else []
+        s = self.settings
+        return [Lengths("input tokens (question | schema)", "task.max_source_length", s.max_source_length,
+                        tuple(map(len, src))),
+                Lengths("SQL tokens (+ EOS)", "task.max_target_length", s.max_target_length,
+                        tuple(self._target_len[e.sql] for e in examples))]
+
     def _warn_unfit(self) -> None:
         """One TargetLengthWarning per silo where some split has more than 10% unfit targets."""
         cap = self.settings.max_target_length
@@ -241,6 +254,6 @@ class Text2SQLTask:
                 detail = "; ".join(f"{split} {n - fit} of {n} ({100.0 * (n - fit) / n:.1f}%, EM at most "
                                    f"{100.0 * fit / n:.1f}%)" for split, fit, n in bad)
                 warnings.warn(
-                    f"text2sql silo {silo} ({DISPLAY[silo]}): gold SQL targets longer than max_target_length "
+                    f"text2sql silo {silo} ({self.display.get(silo, silo)}): gold SQL targets longer than max_target_length "
                     f"= {cap} tokens (EOS included), which are truncated in training and cannot be matched "
                     f"exactly: {detail}", TargetLengthWarning, stacklevel=3)

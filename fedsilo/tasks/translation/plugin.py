@@ -14,10 +14,13 @@ DISPLAY = {"news": "News", "ted": "TED", "tatoeba": "Tatoeba", "docs": "Software
 
 class PairSource(SourceSettings):
     """An own translation silo: one (source sentence, reference translation) per row."""
-    ROLES: ClassVar[Roles] = Roles(("source", "target"), key="source")
+    ROLES: ClassVar[Roles] = Roles(("source", "target"), key="source", aliases=(
+        ("source", ("src", "de", "german", "deu", "input", "text", "original")),
+        ("target", ("tgt", "en", "english", "eng", "reference", "translation", "output"))))
 
 
 class TranslationSettings(TaskSettings):
+    SOURCE: ClassVar[type[SourceSettings]] = PairSource
     BENCHMARK: ClassVar[tuple[str, ...]] = DOMAINS
     DISPLAY: ClassVar[dict[str, str]] = DISPLAY
 
@@ -47,10 +50,10 @@ class TranslationSettings(TaskSettings):
     @model_validator(mode="after")
     def _known_names(self) -> "TranslationSettings":
         known = self.known_clients()
-        check_names(self.silos, known, "silo", "silos")
+        check_names(self.silos, known, "silo", "silos", section=True)
         if self.matrix is not None:
-            check_names(self.matrix, known, "domain", "matrix", empty_ok=True)
-        check_names([self.tokenizer_domain], known, "domain", "tokenizer_domain")
+            check_names(self.matrix, known, "domain", "matrix", empty_ok=True, section=True)
+        check_names([self.tokenizer_domain], known, "domain", "tokenizer_domain", section=True)
         return self
 
     def client_names(self) -> list[str]:
