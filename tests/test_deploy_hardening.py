@@ -20,7 +20,7 @@ from fedsilo import cli
 from fedsilo.cli import main
 from fedsilo.engines.flower import deploy
 from fedsilo.runs import flower as server_app
-from fedsilo.engines.flower.deploy import DeploymentError, LocalDeployment, log_tail
+from fedsilo.engines.flower.deploy import LocalDeployment, log_tail
 from fedsilo.runs.lock import RunLock, RunLocked, held_for
 from tests.synth import tiny_config, write_silos
 

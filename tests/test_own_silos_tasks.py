@@ -424,6 +424,7 @@ def test_text2sql_an_own_example_equals_the_benchmarks_for_the_same_question_sql
 
 def test_text2sql_silo_database_is_the_own_database_or_none(tmp_path):
     db = make_database(tmp_path / "geo.sqlite")
+    write_jsonl(tmp_path / "a.jsonl", [{"question": r["question"], "sql": r["query"]} for r in sql_rows()])
     (tmp_path / "schema.sql").write_text(TABLES)
     settings = text2sql({"geo": {"path": str(tmp_path / "a.jsonl"), "split": FRACTION, "database": str(db)},
                          "crm": {"path": str(tmp_path / "b.jsonl"), "split": FRACTION,
@@ -436,6 +437,30 @@ def test_text2sql_silo_database_is_the_own_database_or_none(tmp_path):
     assert settings.needs_benchmark()
     assert not text2sql({"geo": {"path": str(tmp_path / "a.jsonl"), "split": FRACTION,
                                  "database": str(db)}}).needs_benchmark()
+
+
+def test_text2sql_a_database_with_capitalised_values_turns_execution_match_off_with_a_reason(tmp_path):
+    """The model writes SQL in lower case: on a database storing 'Austin' the gold query would return
+    nothing, and so would any wrong prediction (an execution match for free)."""
+    db = tmp_path / "caps.sqlite"
+    conn = sqlite3.connect(db)
+    conn.executescript(TABLES + "".join(f"INSERT INTO city VALUES ('{c.title()}', 1, 'texas');\n" for c in CITIES))
+    conn.commit()
+    conn.close()
+    rows = [{"question": f"population of {c}?", "sql": f"SELECT Population FROM City WHERE City_Name = '{c.title()}'"}
+            for c in CITIES]
+    settings = text2sql({"caps": {"path": str(write_jsonl(tmp_path / "caps.jsonl", rows)), "split": FRACTION,
+                                  "database": str(db)}})
+    with pytest.warns(UserWarning, match="execution match is off: 10 of 10 gold queries"):
+        assert silo_database(settings, "caps", None) is None
+    check = inspect_silos(validate({"task": settings.model_dump()}), ["caps"])[0]
+    assert any("execution match is off" in note and "COLLATE NOCASE" in note for note in check.notes)
+    lower = {"path": str(write_jsonl(tmp_path / "low.jsonl", [{"question": r["question"], "sql": r["sql"].lower()}
+                                                              for r in rows])), "split": FRACTION, "database": str(db)}
+    low = text2sql({"low": lower})
+    assert silo_database(low, "low", None) == db  # lower-case golds find nothing: said, not off
+    check = inspect_silos(validate({"task": low.model_dump()}), ["low"])[0]
+    assert any(note.startswith("10 of 10 gold queries tried return no rows") for note in check.notes)
 
 
 def test_text2sql_a_schema_file_that_is_not_sql_is_a_data_error_naming_it(tmp_path):
@@ -629,14 +654,16 @@ def test_translation_five_benchmark_domains_and_an_own_sixth(tmp_path):
     assert task.needs_benchmark() and task.display_names()["legal"] == "Legal"
     # only own silos, the tokenizer fitted on one of them: no benchmark file is read...
     own = {"legal": legal, "chat": {"path": str(tmp_path / "chat.jsonl"), "split": FRACTION}}
-    for matrix in ([], ["chat", "legal"]):
-        task = validate({"task": {"name": "translation", "tokenizer_domain": "chat", "matrix": matrix,
-                                  "sources": own}}).task
+    for matrix in ([], ["chat", "legal"], None):  # None: the default matrix, the own silos only here
+        section = {"name": "translation", "tokenizer_domain": "chat", "sources": own}
+        task = validate({"task": section if matrix is None else {**section, "matrix": matrix}}).task
         assert task.silos == ["legal", "chat"] and not task.needs_benchmark()
         assert TASKS.get("translation").data_dir(task) is None
-    # ...unless the test matrix is left to its default, the five benchmark domains with the own ones
-    task = validate({"task": {"name": "translation", "tokenizer_domain": "chat", "sources": own}}).task
-    assert task.matrix_domains() == [*DOMAINS, "legal", "chat"] and task.needs_benchmark()
+    assert task.matrix_domains() == ["legal", "chat"]
+    # ...unless a benchmark domain is named in the matrix
+    task = validate({"task": {"name": "translation", "tokenizer_domain": "chat", "sources": own,
+                              "matrix": ["news", "legal"]}}).task
+    assert task.needs_benchmark()
     # the tokenizer's domain alone makes the benchmark needed
     task = validate({"task": {"name": "translation", "matrix": [], "sources": own}}).task
     assert task.tokenizer_domain == "news" and task.needs_benchmark()

@@ -175,6 +175,10 @@ def inspect_silo(settings: MatchingSettings, silo: str, data_dir: Path | None) -
         check = inspect_items(silo, source.format_name, "questions",
                               {s: question_items(v) for s, v in splits.items()}, "question",
                               _in_file_order(loaded, problems), source.bad_rows == "skip", loaded.files)
+        if not any("label" in r.values for rows in loaded.splits.values() for r in rows):
+            check.notes.append(f"no label in any row (column {source.column('label')!r}): every candidate is taken "
+                               f"as correct, and {settings.negatives} BM25-mined answers per question as wrong; if "
+                               "the file has a label column of another name, map it with fields.label")
     for split in SPLITS:
         qs = splits[split]
         rankable = sum(0 < sum(q.labels) < len(q.labels) for q in qs)

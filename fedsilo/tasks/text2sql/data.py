@@ -67,10 +67,18 @@ def silo_examples(settings: Text2SQLSettings, silo: str, data_dir: Path | None) 
 
 
 def silo_database(settings: Text2SQLSettings, silo: str, data_dir: Path | None) -> Path | None:
-    """The SQLite file execution match runs on, if the silo has one."""
+    """The SQLite file execution match runs on, if the silo has one and it can serve (see
+    `exec_notes`: warned about, then None)."""
     source = settings.own_source(silo)
     if source is not None:
-        return Path(source.database) if source.database else None
+        if not source.database:
+            return None
+        usable, notes = exec_notes(load_rows(silo, source), source)
+        if not usable:
+            import warnings
+            warnings.warn(f"text2sql silo {silo}: {notes[-1]}", stacklevel=2)
+            return None
+        return Path(source.database)
     return Path(data_dir) / EXEC_DB[silo] if silo in EXEC_DB and data_dir is not None else None
 
 
@@ -144,9 +152,32 @@ def inspect_silo(settings: Text2SQLSettings, silo: str, data_dir: Path | None) -
                              "question", files=[Path(data_dir) / n for n in names])
     loaded = load_rows(silo, source)
     extra = [Path(p) for p in (source.schema_file, source.database) if p]
-    return inspect_items(silo, source.format_name, "examples",
-                         {s: example_items(v) for s, v in own_examples(loaded, source).items()}, "question",
-                         loaded.problems, source.bad_rows == "skip", loaded.files + extra)
+    check = inspect_items(silo, source.format_name, "examples",
+                          {s: example_items(v) for s, v in own_examples(loaded, source).items()}, "question",
+                          loaded.problems, source.bad_rows == "skip", loaded.files + extra)
+    check.notes += exec_notes(loaded, source)[1]
+    return check
+
+
+def exec_notes(loaded: Loaded, source: SQLSource) -> tuple[bool, list[str]]:
+    """(whether execution match can serve on the silo's database, what `fedsilo data check` says
+    about its gold queries there)."""
+    if not source.database:
+        return False, []
+    from .metrics import gold_results
+
+    tried, empty, lost = gold_results(source.database, [r.values["sql"] for rows in loaded.splits.values()
+                                                        for r in rows])
+    notes = []
+    if empty:
+        notes.append(f"{empty} of {tried} gold queries tried return no rows on {source.database}: any prediction "
+                     "that finds nothing matches them in execution")
+    if lost:
+        notes.append(f"execution match is off: {lost} of {tried} gold queries tried return rows as written but none "
+                     f"in the lower-case form the model writes ({source.database} stores values with capitals, and "
+                     "SQLite compares them case-sensitively); store the values in lower case, or declare the columns "
+                     "COLLATE NOCASE")
+    return not lost, notes
 
 
 def normalise_text(text: str) -> str:

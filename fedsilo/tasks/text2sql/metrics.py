@@ -7,6 +7,8 @@ multisets on a read-only database.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import re
 import sqlite3
 import time
@@ -79,6 +81,28 @@ def execution_match(pred_norm: str, gold_norm: str, db_path: str | Path, timeout
     if "order by" in gold_norm:
         return pred == gold
     return Counter(pred) == Counter(gold)
+
+
+def gold_results(db_path: str | Path, golds: Sequence[str], timeout: float = 2.0,
+                 limit: int = 200) -> tuple[int, int, int]:
+    """(golds tried, golds that return no rows as written, golds that return rows as written but none
+    in their canonical, lower-case form: the form predictions come in). An empty gold result is
+    matched by any prediction that finds nothing; a lost one makes execution match meaningless."""
+    conn = sqlite3.connect(Path(db_path).resolve().as_uri() + "?mode=ro", uri=True)
+    empty = lost = 0
+    try:
+        conn.set_authorizer(lambda action, *_: sqlite3.SQLITE_OK if action in _ALLOWED_ACTIONS
+                            else sqlite3.SQLITE_DENY)
+        tried = list(golds)[:limit]
+        for sql in tried:
+            written = _rows(conn, sql, timeout, 100_000)
+            if not written:
+                empty += 1
+            elif not _rows(conn, sql_for_execution(normalise_sql(sql)), timeout, 100_000):
+                lost += 1
+    finally:
+        conn.close()
+    return len(tried), empty, lost
 
 
 def _rows(conn: sqlite3.Connection, sql: str, timeout: float, max_rows: int) -> list | None:

@@ -131,6 +131,8 @@ class Text2SQLTask:
             silo: {split: (self._fit(ex), len(ex)) for split, ex in parts.items()}
             for silo, parts in self.splits.items()}
         self._warn_unfit()
+        self.databases = {silo: silo_database(settings, silo, self.data_dir) if settings.exec_accuracy else None
+                          for silo in settings.silos}  # checked once: an own one may be unusable (warned)
 
     # ---- the Task contract ---------------------------------------------------------------
 
@@ -177,7 +179,7 @@ class Text2SQLTask:
         longest down, each through the encoder once: its outputs serve both the teacher-forced loss
         and greedy decoding (as the paper evaluates)."""
         examples = self.examples(client, split)
-        db = silo_database(self.settings, client, self.data_dir)
+        db = self.databases[client]
         with_exec = bool(final and self.settings.exec_accuracy and db)
         stats: dict[str, float] = {"correct": 0.0, "n": 0.0, "loss_sum": 0.0, "loss_n": 0.0,
                                    "fit": float(self._fit(examples))}

@@ -39,8 +39,9 @@ class TranslationSettings(TaskSettings):
     tokenizer_model: Literal["unigram", "bpe"] = "unigram"
     tokenizer_domain: str = Field("news", description="the generic engine's data, the only text the "
                                                       "tokenizer is fitted on")
-    matrix: list[str] | None = Field(None, description="domains of the cross-domain test matrix (every "
-                                                       "model x every domain); None: all five, []: off")
+    matrix: list[str] | None = Field(None, description="domains of the cross-domain test matrix (every model x "
+                                                       "every domain); None: the five benchmark domains and the "
+                                                       "run's own silos (only those if all are own), []: off")
 
     @field_validator("sources")
     @classmethod
@@ -63,10 +64,12 @@ class TranslationSettings(TaskSettings):
         return list(dict.fromkeys([*DOMAINS, *self.sources]))
 
     def matrix_domains(self) -> list[str]:
-        """The test matrix's domains: given, else the five benchmark domains and the run's own silos."""
+        """The test matrix's domains: given, else the five benchmark domains and the run's own silos
+        (only the own silos when the run has no benchmark silo: nothing of the benchmark is read)."""
         if self.matrix is not None:
             return list(self.matrix)
-        return list(dict.fromkeys([*DOMAINS, *(s for s in self.silos if self.own_source(s))]))
+        own = [s for s in self.silos if self.own_source(s)]
+        return own if len(own) == len(self.silos) else list(dict.fromkeys([*DOMAINS, *own]))
 
     def needed_silos(self) -> list[str]:
         return self.needed_domains()
