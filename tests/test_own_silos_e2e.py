@@ -11,7 +11,6 @@ import os
 import random
 from pathlib import Path
 
-
 from fedsilo.cli import main
 
 os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
@@ -169,3 +168,37 @@ def test_deploy_with_own_silos_reads_each_silos_files_where_they_are(tmp_path, c
     # every own file is still only where it was
     assert sorted(p.name for p in data.rglob("*") if p.is_file()) == sorted(
         ["dev.csv", "east.tsv", "south.jsonl", "test.csv", "train.csv"])
+
+
+def test_init_marks_what_it_cannot_tell_and_refuses_a_config_it_would_overwrite(tmp_path, capsys):
+    """Columns it cannot map, a folder without data files and a text-to-SQL silo without a schema
+    become DECIDE lines (and placeholders a run refuses by name), never a guess."""
+    data = tmp_path / "silos"
+    (data / "notes").mkdir(parents=True)
+    (data / "notes" / "readme.txt").write_text("nothing to read here\n")
+    with open(data / "shop.csv", "w", newline="") as f:
+        csv.writer(f).writerows([["frage", "abfrage"], *([f"how many shoes of size {i}?",
+                                                          f"select count(*) from shoes where id = {i}"]
+                                                         for i in range(10))])
+    config = tmp_path / "sql.toml"
+    assert main(["init", str(data), "--task", "text2sql", "--out", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "DECIDE for shop: fields.question: which column of shop.csv holds the question (columns: frage, abfrage)" in out
+    assert "DECIDE for shop: no schema found" in out and "DECIDE for notes: no .csv, .tsv or .jsonl file" in out
+    assert "is not valid until the DECIDE lines are settled" in out  # notes' format is a placeholder
+    text = config.read_text()
+    assert '# DECIDE: fields.sql: which column of shop.csv holds the sql' in text
+    assert 'fields = {question = "??", sql = "??"}' in text and 'schema_file = "??"' in text
+    # settled by hand: the notes silo dropped, the columns named, a schema given
+    (data / "schema.sql").write_text("CREATE TABLE shoes (id int);")
+    notes = text[text.index("[task.sources.notes]"):text.index("[task.sources.shop]")]
+    fixed = (text.replace(notes, "")
+             .replace('fields = {question = "??", sql = "??"}', 'fields = {question = "frage", sql = "abfrage"}')
+             .replace('schema_file = "??"', f'schema_file = "{data / "schema.sql"}"')
+             .replace('silos = ["notes", "shop"]', 'silos = ["shop"]'))
+    config.write_text(fixed)
+    assert main(["data", "check", str(config), "--no-lengths"]) == 0
+    assert "silo shop (csv): 8 train, 1 dev, 1 test examples" in capsys.readouterr().out
+    # an existing config is not overwritten without --force
+    assert main(["init", str(data), "--task", "text2sql", "--out", str(config)]) == 2
+    assert f"{config} exists" in capsys.readouterr().err and config.read_text() == fixed

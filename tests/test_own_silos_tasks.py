@@ -17,7 +17,7 @@ import pytest
 from fedsilo.config import ConfigError, load_config, validate
 from fedsilo.errors import DataError
 from fedsilo.runs.datacheck import inspect_silos
-from fedsilo.sources.load import load_rows
+from fedsilo.sources.load import all_problems, load_rows
 from fedsilo.tasks import TASKS
 from fedsilo.tasks.matching.data import Question, inspect_silo, own_questions, silo_questions
 from fedsilo.tasks.matching.plugin import RankingSource
@@ -153,12 +153,12 @@ def test_matching_a_bad_label_and_lists_of_unequal_length_are_problems_by_file_a
     source = {"path": str(tmp_path), "files": per_split("jsonl")}
     loaded = load_rows("faq", RankingSource(**source))
     splits, problems = own_questions(loaded, negatives=5)
-    assert [(p.where, p.reason) for p in problems] == [
+    assert [(p.where, p.reason) for p in all_problems(loaded, problems)] == [  # the reader's and the labels'
         (f"{path}:2", "label 'maybe' is not 0 or 1 (nor true/false, yes/no)"),
         (f"{path}:3", "2 candidates but 1 labels"),
         (f"{path}:4", "1 candidates but 2 labels"),
         (f"{path}:5", "1 candidates but 2 labels"),
-        (f"{path}:6", "candidate holds an empty item"),
+        (f"{path}:6", "key 'candidate' (candidate) holds an empty item"),
     ]
     assert [q.text for q in splits["train"]] == ["fine", "other"]  # the bad rows are no question, nor part of one
     with pytest.raises(DataError, match=rf"silo faq: 5 malformed row\(s\): {re.escape(str(path))}:2: label 'maybe' "):
@@ -594,7 +594,7 @@ def test_multitask_references_that_cannot_be_scored_are_problems_by_file_and_lin
     test = write_jsonl(tmp_path / "test.jsonl", [good[0], {"input": "dots", "output": ["...", "dots"]}])
     source = {"path": str(tmp_path), "files": per_split("jsonl"), "metric": "rouge_l"}
     settings = multitask({"echo": source})
-    problems = [f"{train}:2: output holds an empty reference",
+    problems = [f"{train}:2: key 'output' (output) holds an empty item",
                 f"{test}:2: reference '...' has no word ROUGE-L (crossfit) can score"]  # a train target is not scored
     with pytest.raises(DataError, match=rf"silo echo: 2 malformed row\(s\): {re.escape('; '.join(problems))}"):
         own_shots(settings, "echo")
@@ -606,7 +606,8 @@ def test_multitask_references_that_cannot_be_scored_are_problems_by_file_and_lin
         shots = own_shots(multitask({"echo": {**source, "bad_rows": "skip"}}), "echo")
     assert [r.input for r in shots.train] == ["say great", "dots", "say awful"] and len(shots.test) == 1
     for other in (multitask({"echo": {**source, "metric": "em"}}), multitask({"echo": source}, rouge="google")):
-        with pytest.raises(DataError, match=r"silo echo: 1 malformed row\(s\): .*train\.jsonl:2: output holds"):
+        with pytest.raises(DataError, match=r"silo echo: 1 malformed row\(s\): .*train\.jsonl:2: key 'output' "
+                                            r"\(output\) holds"):
             own_shots(other, "echo")
 
 

@@ -238,5 +238,19 @@ def render(task: str, data_dir: Path, guesses: list[Guess]) -> str:
                        'rouge_l (generation), mcc')
         out.append("# display = \"...\"  # the silo's name in tables")
         out.append("")
-    out += ["[federation]", "rounds = 3", "", "[client]", "# epochs = 1", "# lr = 5e-5", ""]
+    out += ["[federation]", "rounds = 3", "", *_CLIENT.get(task, ["[client]"]), ""]
     return "\n".join(out)
+
+
+# Each task's client settings as its CPU-scale study ran them (a start, not a tuned choice for your data).
+_CLIENT = {
+    "matching": ["[client]  # as docs/qa-study.md's runs (MiniLM cross-encoder); tune lr on your dev split",
+                 'optimizer = "adamw"', "lr = 5e-4", 'lr_schedule = "linear"  # warm-up, then linear decay to 0 ...',
+                 "warmup = 0.1", 'schedule_span = "run"  # ... over the whole run', "batch_size = 8", "epochs = 1"],
+    "translation": ["[client]  # as docs/nmt-study.md's runs (a Transformer from scratch)", 'optimizer = "adamw"',
+                    "lr = 1e-3", "batch_size = 32", "steps = 40  # optimiser steps per round"],
+    "multitask": ["[client]  # as experiments/multitask/study.toml (minilm2bert)", 'optimizer = "adamw"',
+                  "lr = 1e-4", "batch_size = 8", "epochs = 1"],
+    "text2sql": ["[client]  # as experiments/lorar/small.toml (the Lorar paper: Adafactor)", 'optimizer = "adafactor"',
+                 "lr = 3e-3", "epochs = 2", "batch_size = 8"],
+}

@@ -196,7 +196,8 @@ def _federate(cfg: RunConfig, run: RunDir, engine, server: Server, spec: MetricS
 
 
 def _surface(caught: list) -> list[str]:
-    return [str(w.message) for w in caught]
+    """Each warning once (the data check and the task both verify a data folder)."""
+    return list(dict.fromkeys(str(w.message) for w in caught))
 
 
 def run_local(cfg: RunConfig, run: RunDir, resume: bool = False, progress: Progress | None = None) -> dict:

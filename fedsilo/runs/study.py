@@ -5,7 +5,7 @@ A study file is TOML with three parts:
     [study]                  name, title, metrics (the columns per client; default: the task's primary),
                              seeds (e.g. [0, 1, 2]; default: the config's own seed, run once),
                              baseline (the variant the others are checked against; default: the first)
-    [base]                   a whole run config
+    [base]                   a whole run config (or what changes `[study] config`, a run config file)
     [variants.NAME]          what each variant changes in the base (deep-merged), e.g. paradigm = "finetune"
 
 Each variant runs into OUT/NAME exactly as `fedsilo run --resume` would (a finished one returns its
@@ -79,6 +79,8 @@ class StudySettings(Strict):
     seeds: list[int] | None = Field(None, description="run each variant once per seed; None: the config's seed")
     baseline: str | None = Field(None, description="the variant the others are checked against; None: the first")
     vary_sample: bool = Field(True, description="a seed also shifts the task's few-shot sample seeds")
+    config: str | None = Field(None, description="a run config file (relative to the study file) that is the base, "
+                                                 "[base] then changing it: e.g. the one `fedsilo init` wrote")
 
 
 def check_seeds(seeds: Sequence[int], where: str) -> list[int]:
@@ -166,7 +168,17 @@ def load_study(path: str | Path, assignments: Sequence[str] = (), only: Sequence
         if missing:
             raise ConfigError(f"--only {missing[0]!r}: no such variant in {path} ({', '.join(variants)})")
         variants = {k: v for k, v in variants.items() if k in only}
-    base = apply_overrides(dict(raw.get("base") or {}), list(assignments))
+    base = dict(raw.get("base") or {})
+    if settings.config is not None:  # a run config file as the base; [base] changes it
+        source = (path.parent / settings.config).expanduser()
+        if not source.is_file():
+            raise ConfigError(f"{path}: [study] config: {source} is not a file")
+        try:
+            own = tomllib.loads(source.read_text())
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+            raise ConfigError(f"{source}: not valid TOML: {err}") from None
+        base = deep_merge(locate_files(own, source.parent), base)  # its paths: relative to its own folder
+    base = apply_overrides(base, list(assignments))
     suffix = f"/seed-{seed}" if multi_seed else ""
     configs = {}
     for name, change in variants.items():

@@ -115,10 +115,11 @@ def inspect_items(name: str, kind: str, unit: str, splits: Mapping[str, Sequence
         seen: dict[tuple, str] = {}
         dups = []
         for item in splits.get(split, ()):
+            where = item.where or repr(item.key[:60])  # a benchmark's prepared example has no file:line
             if item.content in seen:
-                dups.append((item.where or "?", seen[item.content] or "?"))
+                dups.append((where, seen[item.content]))
             else:
-                seen[item.content] = item.where
+                seen[item.content] = where
         if dups:
             out.duplicates[split] = dups
         keys[split] = {group_key(item.key) for item in splits.get(split, ())}

@@ -83,6 +83,18 @@ def _text(value) -> str:
     return value if isinstance(value, str) else " ".join(value)
 
 
+def all_problems(loaded: Loaded, more: list[Problem]) -> list[Problem]:
+    """The reader's problems and a family's own (a label not 0/1) together, by file (in split order)
+    and line: a run's error shows the first ones, also where a split cut from one file interleaves
+    its lines."""
+    files = {str(f): i for i, f in enumerate(loaded.files)}
+
+    def key(p: Problem) -> tuple[int, int]:
+        path, _, line = p.where.rpartition(":")
+        return files.get(path, len(files)), int(line) if line.isdigit() else 0
+    return sorted(loaded.problems + more, key=key)
+
+
 def accept(loaded: Loaded, source: SourceSettings, problems: list[Problem] | None = None) -> None:
     """Malformed rows (`problems`, default the loaded ones) stop a run unless the source says
     bad_rows = "skip" (then they are left out, and a warning counts them)."""

@@ -123,7 +123,10 @@ def _value(source: SourceSettings, role: str, raw: Any, where: str, what: str) -
             return None, f"{what} ({role}) holds an item that is not text or a number"
         if required and not items:
             return None, f"{what} ({role}) is an empty list"
-        return [x.strip() for x in items], None
+        items = [x.strip() for x in items]
+        if not all(items):
+            return None, f"{what} ({role}) holds an empty item"
+        return items, None
     text = _scalar(raw)
     if text is None:
         return None, f"{what} ({role}) is a {type(raw).__name__}; expected text"

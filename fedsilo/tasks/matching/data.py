@@ -35,7 +35,7 @@ from pathlib import Path
 
 from fedsilo.datafetch import DataError, read_manifest, require_files, warn_if_unpinned
 from fedsilo.sources.check import Item, SiloCheck, inspect_items
-from fedsilo.sources.load import Loaded, accept, group_key, load_rows
+from fedsilo.sources.load import Loaded, accept, all_problems, group_key, load_rows
 from fedsilo.sources.read import Problem
 
 from ..prepared import cache_path, ignored, package_version, read_cache, write_cache
@@ -85,19 +85,8 @@ def silo_questions(settings: MatchingSettings, silo: str, data_dir: Path | None)
         return load_silo(data_dir, silo, settings.negatives)
     loaded = load_rows(silo, source)
     splits, problems = own_questions(loaded, settings.negatives)
-    accept(loaded, source, _in_file_order(loaded, problems))
+    accept(loaded, source, all_problems(loaded, problems))
     return splits
-
-
-def _in_file_order(loaded: Loaded, problems: list[Problem]) -> list[Problem]:
-    """The reader's problems and the rows' (labels) together, by file (in split order) and line: a
-    run's error shows the first ones, also where a split cut from one file interleaves its lines."""
-    files = {str(f): i for i, f in enumerate(loaded.files)}
-
-    def key(p: Problem) -> tuple[int, int]:
-        path, _, line = p.where.rpartition(":")
-        return files.get(path, len(files)), int(line) if line.isdigit() else 0
-    return sorted(loaded.problems + problems, key=key)
 
 
 def own_questions(loaded: Loaded, negatives: int) -> tuple[dict[str, list[Question]], list[Problem]]:
@@ -128,9 +117,6 @@ def _judged(row, labelled: bool, problems: list[Problem]) -> list[tuple[str, int
     """A row's (candidate, label) pairs, or None (and a problem) when it is malformed."""
     candidates, label = row.values["candidate"], row.values.get("label")
     many = isinstance(candidates, list)
-    if many and not all(candidates):  # the reader keeps a list's items as they are
-        problems.append(Problem(row.where, "candidate holds an empty item"))
-        return None
     if not labelled:
         return [(c, 1) for c in (candidates if many else [candidates])]
     if label is None:
@@ -174,7 +160,7 @@ def inspect_silo(settings: MatchingSettings, silo: str, data_dir: Path | None) -
         splits, problems = own_questions(loaded, settings.negatives)
         check = inspect_items(silo, source.format_name, "questions",
                               {s: question_items(v) for s, v in splits.items()}, "question",
-                              _in_file_order(loaded, problems), source.bad_rows == "skip", loaded.files)
+                              all_problems(loaded, problems), source.bad_rows == "skip", loaded.files)
         if not any("label" in r.values for rows in loaded.splits.values() for r in rows):
             check.notes.append(f"no label in any row (column {source.column('label')!r}): every candidate is taken "
                                f"as correct, and {settings.negatives} BM25-mined answers per question as wrong; if "

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from fedsilo.datafetch import DataError, require_files, warn_if_unpinned
 from fedsilo.sources.check import Item, SiloCheck, inspect_items
-from fedsilo.sources.load import Loaded, accept, load_rows
+from fedsilo.sources.load import Loaded, accept, all_problems, load_rows
 from fedsilo.sources.read import Problem
 from fedsilo.tasks.prepared import cache_path, ignored, package_version, read_cache, write_cache
 
@@ -103,17 +103,15 @@ def own_records(loaded: Loaded) -> dict[str, list[Record]]:
 
 def unscorable(loaded: Loaded, source, rouge: str) -> list[Problem]:
     """Rows whose references cannot be scored, found before training rather than at the first
-    evaluation: an empty item of an output list (it would reward an empty prediction), and a dev or
-    test reference the source's ROUGE-L cannot score at all (`rouge = "crossfit"`: one without a word)."""
+    evaluation: a dev or test reference the source's ROUGE-L cannot score at all (`rouge = "crossfit"`:
+    one without a word). An empty reference is the reader's problem already (it would reward an empty
+    prediction)."""
     from .metrics import rouge_l
 
     out = []
     for split, rows in loaded.splits.items():
         for r in rows:
             refs = r.values["output"] if isinstance(r.values["output"], list) else [r.values["output"]]
-            if not all(refs):
-                out.append(Problem(r.where, "output holds an empty reference"))
-                continue
             for ref in (refs if source.metric == "rouge_l" and split != "train" else ()):
                 try:
                     rouge_l("x", ref, rouge)
@@ -121,16 +119,6 @@ def unscorable(loaded: Loaded, source, rouge: str) -> list[Problem]:
                     out.append(Problem(r.where, f"reference {ref!r} has no word ROUGE-L ({rouge}) can score"))
                     break
     return out
-
-
-def _in_file_order(loaded: Loaded, problems: list[Problem]) -> list[Problem]:
-    """The reader's problems and the references' together, by file (in split order) and line."""
-    files = {str(f): i for i, f in enumerate(loaded.files)}
-
-    def key(p: Problem) -> tuple[int, int]:
-        path, _, line = p.where.rpartition(":")
-        return files.get(path, len(files)), int(line) if line.isdigit() else 0
-    return sorted(loaded.problems + problems, key=key)
 
 
 def _without(loaded: Loaded, problems: list[Problem]) -> Loaded:
@@ -144,7 +132,7 @@ def own_shots(settings, silo: str) -> FewShot:
     source = settings.own_source(silo)
     loaded = load_rows(silo, source)
     problems = unscorable(loaded, source, settings.rouge)
-    accept(loaded, source, _in_file_order(loaded, problems))
+    accept(loaded, source, all_problems(loaded, problems))
     records = own_records(_without(loaded, problems))
     return FewShot(*(records[s] for s in SPLITS))
 
@@ -168,7 +156,7 @@ def inspect_silo(settings, silo: str, data_dir: Path | None) -> SiloCheck:
     kept = _without(loaded, problems)
     records = own_records(kept)
     splits = {s: items(records[s], [r.where for r in kept.splits[s]]) for s in SPLITS}
-    return inspect_items(silo, source.format_name, "examples", splits, "input", _in_file_order(loaded, problems),
+    return inspect_items(silo, source.format_name, "examples", splits, "input", all_problems(loaded, problems),
                          source.bad_rows == "skip", loaded.files)
 
 
