@@ -325,3 +325,26 @@ def test_a_study_on_different_silos_compares_over_the_common_ones(tmp_path, monk
     own = {name: [study["per_seed"][name][s]["macro"]["map"] for s in ("0", "1")] for name in ("equal", "fedavg")}
     assert claim(own["equal"], own["fedavg"]) == "within spread" and "reversed" in expected[1]
     assert json.loads((out / "study.json").read_text())["overall_clients"]["map"] == ["alpha", "beta"]
+
+
+def test_a_study_takes_a_run_config_file_as_its_base(tmp_path):
+    """`[study] config`: the file `fedsilo init` wrote is the base (its paths relative to its own
+    folder), [base] changes it, each variant changes that."""
+    from fedsilo.runs.study import load_study
+
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "qa.toml").write_text(
+        'name = "mine"\n[task]\nname = "matching"\nsilos = ["bank"]\nmax_length = 64\n'
+        '[task.sources.bank]\npath = "data/bank.csv"\nsplit = {dev = 0.1, test = 0.1}\n'
+        '[federation]\nrounds = 3\n')
+    study = tmp_path / "study.toml"
+    study.write_text('[study]\nname = "s"\nconfig = "cfg/qa.toml"\n[base.federation]\nrounds = 2\n'
+                     '[variants.alone]\nparadigm = "finetune"\n[variants.fed]\n')
+    _, configs = load_study(study)
+    for name, cfg in configs.items():
+        assert cfg.federation.rounds == 2 and cfg.task.max_length == 64 and cfg.name == f"s/{name}"
+        assert cfg.task.sources["bank"].path == str(tmp_path / "cfg" / "data" / "bank.csv")
+    assert configs["alone"].paradigm == "finetune" and configs["fed"].paradigm == "federated"
+    study.write_text('[study]\nname = "s"\nconfig = "missing.toml"\n[variants.a]\n')
+    with pytest.raises(ConfigError, match="config: .*missing.toml is not a file"):
+        load_study(study)

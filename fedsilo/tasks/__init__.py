@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fedsilo.registry import Registry
 
@@ -69,21 +69,62 @@ class TaskSettings(BaseModel):
         return self.model_copy(update={"silos": list(names)})
 
 
+class SiloTaskSettings(TaskSettings):
+    """A task whose participants are silos named in `silos`: the benchmark's (`BENCHMARK`) and the
+    config's own sources (`sources`, of the family's `SOURCE` class), one client each. Subclasses
+    declare `sources: dict[str, TheirSource]` and `silos` with the benchmark as default."""
+
+    @field_validator("sources", check_fields=False)
+    @classmethod
+    def _sources(cls, v: dict) -> dict:
+        return check_sources(v, cls.BENCHMARK)
+
+    @model_validator(mode="after")
+    def _known_silos(self) -> "SiloTaskSettings":
+        check_names(self.silos, self.known_clients(), section=True)
+        return self
+
+    def client_names(self) -> list[str]:
+        return list(self.silos)
+
+    def known_clients(self) -> list[str]:
+        return list(dict.fromkeys([*self.BENCHMARK, *self.sources]))
+
+    def for_silos(self, names: list[str]) -> "SiloTaskSettings":
+        """Only `names` and their own sources (a silo's machine knows nothing of another's files)."""
+        return self.model_copy(update={"silos": list(names),
+                                       "sources": {k: v for k, v in self.sources.items() if k in names}})
+
+
+def sources_field(what: str = "files, format, fields and splits"):
+    """The `sources` field every silo task declares (its own value type)."""
+    return Field(default_factory=dict, description=f"own silos (and benchmark ones, format = \"benchmark\") by "
+                                                   f"name: their {what} (docs/your-data.md)")
+
+
+def silos_field(benchmark: Sequence[str], what: str):
+    return Field(default_factory=lambda: list(benchmark),
+                 description=f"the run's silos: benchmark {what} and [task.sources] names (default: the sources "
+                             f"if any, else the benchmark's)")
+
+
 SILO_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 def check_sources(sources: dict, benchmark: Sequence[str]) -> dict:
     """`[task.sources.NAME]` entries: a name fit for a folder; "benchmark" only for a benchmark
     silo's name, and a benchmark silo's name only for "benchmark" (an own silo must not pass for it)."""
+    from fedsilo.settings import SectionError
+
     for name, source in sources.items():
         if not SILO_NAME.fullmatch(name):
-            raise ValueError(f"sources.{name}: a silo name is letters, digits, '_', '-', '.' (at most 64, "
+            raise SectionError(f"task.sources.{name}: a silo name is letters, digits, '_', '-', '.' (at most 64, "
                              "starting with a letter or digit): it names the silo's folder in a run")
         if source.is_benchmark and name not in benchmark:
-            raise ValueError(f"sources.{name}: format = \"benchmark\" but no benchmark silo is called {name!r}; "
+            raise SectionError(f"task.sources.{name}: format = \"benchmark\" but no benchmark silo is called {name!r}; "
                              f"they are {', '.join(benchmark)}")
         if not source.is_benchmark and name in benchmark:
-            raise ValueError(f"sources.{name}: {name!r} is a benchmark silo's name; give your silo another name")
+            raise SectionError(f"task.sources.{name}: {name!r} is a benchmark silo's name; give your silo another name")
     return sources
 
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field
 
 from fedsilo.sources.settings import Roles, SourceSettings
-from fedsilo.tasks import TASKS, TaskPlugin, TaskSettings, check_names, check_sources
+from fedsilo.tasks import TASKS, SiloTaskSettings, TaskPlugin, silos_field, sources_field
 
 SILOS = ("medquad", "fiqa", "insuranceqa", "wikiqa", "trecqa")  # the benchmark's silos (no data code on import)
 DISPLAY = {"medquad": "MedQuAD", "fiqa": "FiQA", "insuranceqa": "InsuranceQA", "wikiqa": "WikiQA",
@@ -25,18 +25,14 @@ class RankingSource(SourceSettings):
         ("label", ("labels", "relevant", "is_relevant", "relevance", "correct", "y"))))
 
 
-class MatchingSettings(TaskSettings):
+class MatchingSettings(SiloTaskSettings):
     SOURCE: ClassVar[type[SourceSettings]] = RankingSource
     BENCHMARK: ClassVar[tuple[str, ...]] = SILOS
     DISPLAY: ClassVar[dict[str, str]] = DISPLAY
 
     name: Literal["matching"] = "matching"
-    sources: dict[str, RankingSource] = Field(
-        default_factory=dict, description="own silos (and benchmark ones, format = \"benchmark\") by name: "
-                                          "their files, format, fields and splits (docs/your-data.md)")
-    silos: list[str] = Field(default_factory=lambda: list(SILOS),
-                             description="the run's silos: benchmark domains and [task.sources] names (default: "
-                                         "the sources if any, else the five domains)")
+    sources: dict[str, RankingSource] = sources_field()
+    silos: list[str] = silos_field(SILOS, "domains")
     max_train: int = Field(0, ge=0, description="training questions per silo, a fixed subsample (0 = all)")
     max_eval: int = Field(0, ge=0, description="dev/test questions per silo: a fixed subsample of those with "
                                                "a relevant and an irrelevant candidate (0 = all)")
@@ -48,26 +44,6 @@ class MatchingSettings(TaskSettings):
     margin: float = Field(1.0, gt=0, description="the hinge's margin: max(0, margin - f(q,a+) + f(q,a-))")
     reference: list[Literal["bm25"]] = Field(default_factory=lambda: ["bm25"],
                                              description="untrained reference rankers scored beside the model")
-
-    @field_validator("sources")
-    @classmethod
-    def _sources(cls, v: dict[str, RankingSource]) -> dict[str, RankingSource]:
-        return check_sources(v, SILOS)
-
-    @model_validator(mode="after")
-    def _known_silos(self) -> "MatchingSettings":
-        check_names(self.silos, self.known_clients(), section=True)
-        return self
-
-    def client_names(self) -> list[str]:
-        return list(self.silos)
-
-    def known_clients(self) -> list[str]:
-        return list(dict.fromkeys([*SILOS, *self.sources]))
-
-    def for_silos(self, names: list[str]) -> "MatchingSettings":
-        return self.model_copy(update={"silos": list(names),
-                                       "sources": {k: v for k, v in self.sources.items() if k in names}})
 
 
 def _build(settings: MatchingSettings, tokenizer, data_dir):

@@ -5,6 +5,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from fedsilo.settings import SectionError
 from fedsilo.sources.settings import Roles, SourceSettings
 from fedsilo.tasks import TASKS, TaskPlugin, TaskSettings, check_names, check_sources
 
@@ -65,11 +66,11 @@ class MultitaskSettings(TaskSettings):
     @classmethod
     def _sources(cls, v: dict[str, TextTaskSource]) -> dict[str, TextTaskSource]:
         if any(s.is_benchmark for s in v.values()):
-            raise ValueError("sources: multitask's benchmark clients are dealt CrossFit tasks (clients, tasks, "
+            raise SectionError("task.sources: multitask's benchmark clients are dealt CrossFit tasks (clients, tasks, "
                              "assignment), not named sources; format = \"benchmark\" does not apply")
         taken = [n for n in v if n in set(_catalog()) or n.startswith("client_")]
         if taken:
-            raise ValueError(f"sources.{taken[0]}: the name of a CrossFit task or a dealt client (client_N); "
+            raise SectionError(f"task.sources.{taken[0]}: the name of a CrossFit task or a dealt client (client_N); "
                              "give your silo another name")
         return check_sources(v, ())
 

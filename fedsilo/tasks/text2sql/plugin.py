@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from fedsilo.sources.settings import Roles, SourceSettings
-from fedsilo.tasks import TASKS, TaskPlugin, TaskSettings, check_names, check_sources
+from fedsilo.tasks import TASKS, SiloTaskSettings, TaskPlugin, silos_field, sources_field
 
 SILOS = ("advising", "atis", "geography", "restaurants", "scholar", "academic", "imdb", "yelp")
 DISPLAY = {
@@ -37,18 +37,14 @@ class SQLSource(SourceSettings):
         return self
 
 
-class Text2SQLSettings(TaskSettings):
+class Text2SQLSettings(SiloTaskSettings):
     SOURCE: ClassVar[type[SourceSettings]] = SQLSource
     BENCHMARK: ClassVar[tuple[str, ...]] = SILOS
     DISPLAY: ClassVar[dict[str, str]] = DISPLAY
 
     name: Literal["text2sql"] = "text2sql"
-    sources: dict[str, SQLSource] = Field(
-        default_factory=dict, description="own silos (and benchmark ones, format = \"benchmark\") by name: "
-                                          "their files, format, fields, splits and schema (docs/your-data.md)")
-    silos: list[str] = Field(default_factory=lambda: list(SILOS),
-                             description="the run's silos: benchmark silos and [task.sources] names (default: "
-                                         "the sources if any, else the eight benchmark silos)")
+    sources: dict[str, SQLSource] = sources_field("files, format, fields, splits and schema")
+    silos: list[str] = silos_field(SILOS, "silos")
     train_fraction: float = Field(1.0, gt=0, le=1, description="keep this share of each silo's train set")
     min_train: int = Field(0, ge=0, description="but at least this many (a small-scale study keeps small silos)")
     max_train: int = Field(0, ge=0, description="cap on train examples per silo (0 = all)")
@@ -56,26 +52,6 @@ class Text2SQLSettings(TaskSettings):
     max_source_length: int = Field(256, gt=0)
     max_target_length: int = Field(128, gt=0)
     exec_accuracy: bool = True
-
-    @field_validator("sources")
-    @classmethod
-    def _sources(cls, v: dict[str, SQLSource]) -> dict[str, SQLSource]:
-        return check_sources(v, SILOS)
-
-    @model_validator(mode="after")
-    def _known_silos(self) -> "Text2SQLSettings":
-        check_names(self.silos, self.known_clients(), section=True)
-        return self
-
-    def client_names(self) -> list[str]:
-        return list(self.silos)
-
-    def known_clients(self) -> list[str]:
-        return list(dict.fromkeys([*SILOS, *self.sources]))
-
-    def for_silos(self, names: list[str]) -> "Text2SQLSettings":
-        return self.model_copy(update={"silos": list(names),
-                                       "sources": {k: v for k, v in self.sources.items() if k in names}})
 
 
 def _build(settings: Text2SQLSettings, tokenizer, data_dir):

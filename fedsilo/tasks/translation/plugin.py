@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from fedsilo.sources.settings import Roles, SourceSettings
-from fedsilo.tasks import TASKS, TaskPlugin, TaskSettings, check_names, check_sources
+from fedsilo.tasks import TASKS, SiloTaskSettings, TaskPlugin, check_names, silos_field, sources_field
 
 DOMAINS = ("news", "ted", "tatoeba", "docs", "ui")  # the benchmark's silos (no data code on import)
 DISPLAY = {"news": "News", "ted": "TED", "tatoeba": "Tatoeba", "docs": "Software docs", "ui": "Software UI"}
@@ -19,18 +19,14 @@ class PairSource(SourceSettings):
         ("target", ("tgt", "en", "english", "eng", "reference", "translation", "output"))))
 
 
-class TranslationSettings(TaskSettings):
+class TranslationSettings(SiloTaskSettings):
     SOURCE: ClassVar[type[SourceSettings]] = PairSource
     BENCHMARK: ClassVar[tuple[str, ...]] = DOMAINS
     DISPLAY: ClassVar[dict[str, str]] = DISPLAY
 
     name: Literal["translation"] = "translation"
-    sources: dict[str, PairSource] = Field(
-        default_factory=dict, description="own silos (and benchmark ones, format = \"benchmark\") by name: "
-                                          "their files, format, fields and splits (docs/your-data.md)")
-    silos: list[str] = Field(default_factory=lambda: list(DOMAINS),
-                             description="the run's silos: benchmark domains and [task.sources] names (default: "
-                                         "the sources if any, else the five domains)")
+    sources: dict[str, PairSource] = sources_field()
+    silos: list[str] = silos_field(DOMAINS, "domains")
     max_train: int = Field(0, ge=0, description="train pairs per domain, a fixed subsample (0 = all)")
     max_eval: int = Field(0, ge=0, description="dev/test pairs per domain, a fixed subsample (0 = all)")
     max_source_length: int = Field(128, gt=0, le=1024)
@@ -43,25 +39,13 @@ class TranslationSettings(TaskSettings):
                                                        "every domain); None: the five benchmark domains and the "
                                                        "run's own silos (only those if all are own), []: off")
 
-    @field_validator("sources")
-    @classmethod
-    def _sources(cls, v: dict[str, PairSource]) -> dict[str, PairSource]:
-        return check_sources(v, DOMAINS)
-
     @model_validator(mode="after")
     def _known_names(self) -> "TranslationSettings":
         known = self.known_clients()
-        check_names(self.silos, known, "silo", "silos", section=True)
         if self.matrix is not None:
             check_names(self.matrix, known, "domain", "matrix", empty_ok=True, section=True)
         check_names([self.tokenizer_domain], known, "domain", "tokenizer_domain", section=True)
         return self
-
-    def client_names(self) -> list[str]:
-        return list(self.silos)
-
-    def known_clients(self) -> list[str]:
-        return list(dict.fromkeys([*DOMAINS, *self.sources]))
 
     def matrix_domains(self) -> list[str]:
         """The test matrix's domains: given, else the five benchmark domains and the run's own silos
