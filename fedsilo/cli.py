@@ -353,6 +353,26 @@ def _config_warnings_as_lines(show):
     return showwarning
 
 
+def _stopped_by(err: BaseException) -> BaseException | None:
+    """The Ctrl-C or SIGTERM in `err`'s chain of causes, if any."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, (KeyboardInterrupt, Terminated)):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def _stopped(stop: BaseException) -> int:
+    if isinstance(stop, KeyboardInterrupt):
+        print("fedsilo: interrupted; the last complete round's checkpoint is kept (use --resume)", file=sys.stderr)
+        return 130
+    print("fedsilo: terminated (SIGTERM); every process it started is stopped, the last complete round's "
+          "checkpoint is kept (use --resume)", file=sys.stderr)
+    return 143
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -378,13 +398,13 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"fedsilo: error: {_disk_full(err, args)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("fedsilo: interrupted; the last complete round's checkpoint is kept (use --resume)", file=sys.stderr)
-        return 130
-    except Terminated:
-        print("fedsilo: terminated (SIGTERM); every process it started is stopped, the last complete round's "
-              "checkpoint is kept (use --resume)", file=sys.stderr)
-        return 143
+    except Exception as err:  # a library that wraps the stop signal it was interrupted by (torch: RuntimeError)
+        stop = _stopped_by(err)
+        if stop is None:
+            raise
+        return _stopped(stop)
+    except (KeyboardInterrupt, Terminated) as stop:
+        return _stopped(stop)
     finally:
         warnings.showwarning = show
         restore_sigterm()

@@ -261,7 +261,7 @@ def test_sigterm_to_deploy_stops_every_process_it_started(tmp_path, capsys):
         assert capsys.readouterr().err.startswith(f"fedsilo: error: {run} is in use")
         assert len(dep.pids()) >= 4  # a SuperLink, 3 SuperNodes and the run's own processes
         proc.send_signal(signal.SIGTERM)
-        assert ended(proc) == 143
+        assert ended(proc) == 143, err.read_text()[-3000:]
         assert_nothing_left(dep)
     except BaseException:
         dep.stop()  # what a failed test would leave behind
@@ -298,7 +298,7 @@ def test_sigterm_ends_an_in_process_run_cleanly(tmp_path):
     try:
         wait_for(lambda: rounds_done(tmp_path / "run") >= 1, proc, err, "round 1")
         proc.send_signal(signal.SIGTERM)
-        assert ended(proc) == 143
+        assert ended(proc) == 143, err.read_text()[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()
