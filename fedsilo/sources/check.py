@@ -84,7 +84,8 @@ class SiloCheck:
             out.append(f"  no {s} {self.unit}: a run needs every split")
         for split, dups in self.duplicates.items():
             out.append(f"  {len(dups)} exact duplicate(s) in {split} (kept as they are):")
-            out += [f"    {where} repeats {first}" for where, first in dups[:SHOWN // 4]]
+            out += [f"    {where} repeats {first}" if where != first else f"    {where} again"  # no file:line: the text
+                    for where, first in dups[:SHOWN // 4]]
         for pair, keys in self.overlap.items():
             out.append(f"  {len(keys)} {self.key_name}(s) in both {pair} (evaluation sees them in training): "
                        + "; ".join(repr(k[:60]) for k in keys[:3]))
