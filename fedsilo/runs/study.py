@@ -134,17 +134,21 @@ def seeded(cfg: RunConfig, seed: int, vary_sample: bool = True) -> RunConfig:
     return cfg.model_copy(update=update)
 
 
+def _read_toml(path: Path, missing: str) -> dict:
+    if not path.is_file():
+        raise ConfigError(missing)
+    try:
+        return tomllib.loads(path.read_text())
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+        raise ConfigError(f"{path}: not valid TOML: {err}") from None
+
+
 def load_study(path: str | Path, assignments: Sequence[str] = (), only: Sequence[str] | None = None,
                seed: int | None = None, multi_seed: bool = False) -> tuple[StudySettings, dict[str, RunConfig]]:
     """(settings, {variant: validated config}); `assignments` (`--set`) change the base. With `seed`,
     each config is `seeded` (its name gains /seed-S when `multi_seed`)."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"study file not found: {path}")
-    try:
-        raw = tomllib.loads(path.read_text())
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
-        raise ConfigError(f"{path}: not valid TOML: {err}") from None
+    raw = _read_toml(path, f"study file not found: {path}")
     unknown = sorted(set(raw) - {"study", "base", "variants"})
     if unknown:
         raise ConfigError(f"{path}: {unknown[0]}: unknown section (a study has [study], [base], [variants.NAME])")
@@ -171,12 +175,7 @@ def load_study(path: str | Path, assignments: Sequence[str] = (), only: Sequence
     base = dict(raw.get("base") or {})
     if settings.config is not None:  # a run config file as the base; [base] changes it
         source = (path.parent / settings.config).expanduser()
-        if not source.is_file():
-            raise ConfigError(f"{path}: [study] config: {source} is not a file")
-        try:
-            own = tomllib.loads(source.read_text())
-        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
-            raise ConfigError(f"{source}: not valid TOML: {err}") from None
+        own = _read_toml(source, f"{path}: [study] config: {source} is not a file")
         base = deep_merge(locate_files(own, source.parent), base)  # its paths: relative to its own folder
     base = apply_overrides(base, list(assignments))
     suffix = f"/seed-{seed}" if multi_seed else ""
