@@ -95,6 +95,15 @@ def all_problems(loaded: Loaded, more: list[Problem]) -> list[Problem]:
     return sorted(loaded.problems + more, key=key)
 
 
+def load_accepted(name: str, source: SourceSettings, convert):
+    """A source's examples as a run takes them: its rows read, `convert(loaded) -> (examples,
+    the family's own problems)`, then every problem refused or skipped as the source says."""
+    loaded = load_rows(name, source)
+    out, problems = convert(loaded)
+    accept(loaded, source, all_problems(loaded, problems))
+    return out
+
+
 def accept(loaded: Loaded, source: SourceSettings, problems: list[Problem] | None = None) -> None:
     """Malformed rows (`problems`, default the loaded ones) stop a run unless the source says
     bad_rows = "skip" (then they are left out, and a warning counts them)."""

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from fedsilo.datafetch import DataError, read_manifest, require_files, warn_if_unpinned
 from fedsilo.sources.check import Item, SiloCheck, inspect_items
-from fedsilo.sources.load import Loaded, accept, all_problems, group_key, load_rows
+from fedsilo.sources.load import Loaded, all_problems, load_accepted, group_key, load_rows
 from fedsilo.sources.read import Problem
 
 from ..prepared import cache_path, ignored, package_version, read_cache, write_cache
@@ -83,10 +83,7 @@ def silo_questions(settings: MatchingSettings, silo: str, data_dir: Path | None)
     source = settings.own_source(silo)
     if source is None:
         return load_silo(data_dir, silo, settings.negatives)
-    loaded = load_rows(silo, source)
-    splits, problems = own_questions(loaded, settings.negatives)
-    accept(loaded, source, all_problems(loaded, problems))
-    return splits
+    return load_accepted(silo, source, lambda loaded: own_questions(loaded, settings.negatives))
 
 
 def own_questions(loaded: Loaded, negatives: int) -> tuple[dict[str, list[Question]], list[Problem]]:

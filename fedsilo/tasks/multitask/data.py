@@ -16,7 +16,7 @@ from pathlib import Path
 
 from fedsilo.datafetch import DataError, require_files, warn_if_unpinned
 from fedsilo.sources.check import Item, SiloCheck, inspect_items
-from fedsilo.sources.load import Loaded, accept, all_problems, load_rows
+from fedsilo.sources.load import Loaded, all_problems, load_accepted, load_rows
 from fedsilo.sources.read import Problem
 from fedsilo.tasks.prepared import cache_path, ignored, package_version, read_cache, write_cache
 
@@ -130,10 +130,11 @@ def _without(loaded: Loaded, problems: list[Problem]) -> Loaded:
 def own_shots(settings, silo: str) -> FewShot:
     """An own silo's splits as given (malformed rows refused or skipped as its source says)."""
     source = settings.own_source(silo)
-    loaded = load_rows(silo, source)
-    problems = unscorable(loaded, source, settings.rouge)
-    accept(loaded, source, all_problems(loaded, problems))
-    records = own_records(_without(loaded, problems))
+    def convert(loaded: Loaded):
+        problems = unscorable(loaded, source, settings.rouge)
+        return own_records(_without(loaded, problems)), problems
+
+    records = load_accepted(silo, source, convert)
     return FewShot(*(records[s] for s in SPLITS))
 
 

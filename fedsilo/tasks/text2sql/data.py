@@ -16,7 +16,7 @@ from pathlib import Path
 
 from fedsilo.datafetch import DataError, require_files, warn_if_unpinned
 from fedsilo.sources.check import Item, SiloCheck, inspect_items
-from fedsilo.sources.load import Loaded, accept, load_rows
+from fedsilo.sources.load import Loaded, load_accepted, load_rows
 from fedsilo.tasks.text2sql.plugin import DISPLAY, SILOS, SQLSource, Text2SQLSettings
 
 __all__ = [
@@ -61,9 +61,7 @@ def silo_examples(settings: Text2SQLSettings, silo: str, data_dir: Path | None) 
     source = settings.own_source(silo)
     if source is None:
         return load_silo(data_dir, silo)
-    loaded = load_rows(silo, source)
-    accept(loaded, source)
-    return own_examples(loaded, source)
+    return load_accepted(silo, source, lambda loaded: (own_examples(loaded, source), []))
 
 
 def silo_database(settings: Text2SQLSettings, silo: str, data_dir: Path | None) -> Path | None:

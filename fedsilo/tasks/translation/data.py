@@ -31,7 +31,7 @@ from pathlib import Path
 
 from fedsilo.datafetch import DataError, require_files, warn_if_unpinned
 from fedsilo.sources.check import Item, SiloCheck, inspect_items
-from fedsilo.sources.load import Loaded, accept, load_rows
+from fedsilo.sources.load import Loaded, load_accepted, load_rows
 
 from ..prepared import cache_path, package_version, read_cache, write_cache
 from .plugin import DISPLAY, DOMAINS, TranslationSettings
@@ -95,9 +95,7 @@ def load_silo(settings: TranslationSettings, domain: str, data_dir: Path | None)
     source = settings.own_source(domain)
     if source is None:
         return load_domain(data_dir, domain)
-    loaded = load_rows(domain, source)
-    accept(loaded, source)
-    return own_pairs(loaded)
+    return load_accepted(domain, source, lambda loaded: (own_pairs(loaded), []))
 
 
 def own_pairs(loaded: Loaded) -> dict[str, list[Pair]]:
