@@ -293,6 +293,23 @@ class RunConfig(Strict):
         return self
 
     @model_validator(mode="after")
+    def _dp_runs_as_accounted(self) -> "RunConfig":
+        # What DP-SGD's guarantee needs from the rest of the run; refused by name, never weakened silently.
+        silos = [c for c in self.task.client_names() if self.client_config(c).dp is not None]
+        if self.client.dp is None and not silos:
+            return self
+        where = "client.dp" if self.client.dp is not None else f"clients.{silos[0]}.dp"
+        if self.model.precision != "fp32":
+            raise ValueError(f"{where}: DP-SGD runs in fp32 here (Opacus's per-example gradients under "
+                             f"model.precision = {self.model.precision!r} are not supported); set model.precision = \"fp32\"")
+        stat = self.federation.weighting_stat or WEIGHTINGS.get(self.federation.weighting).reads
+        if self.participation.federates and stat:
+            raise ValueError(f"federation.weighting = {self.federation.weighting!r} reads each silo's {stat}, a loss "
+                             f"on its records that a silo under {where} does not send (it is not privatised); use "
+                             "weighting = \"size\" or \"equal\"")
+        return self
+
+    @model_validator(mode="after")
     def _private_lr_has_tensors(self) -> "RunConfig":
         # A rate for kept tensors when nothing is kept would silently change nothing.
         rates = [self.client.private_lr, *(o.private_lr for o in self.clients.values())]

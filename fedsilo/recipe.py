@@ -31,6 +31,7 @@ from fedsilo.registry import Policy
 from fedsilo.runs.rundir import init_tensors
 from fedsilo.server import Server
 from fedsilo.tasks import TASKS
+from fedsilo.tasks.base import PerExampleLoss
 from fedsilo.tasks.tokens import default_cache_dir
 
 
@@ -166,6 +167,9 @@ def build_client(cfg: RunConfig, task, model, store: ClientStore, name: str, ind
     if needs and not isinstance(task, needs):
         raise ConfigError(f"client.before_training = {client_cfg.before_training!r}: the {task.name} task "
                           f"does not offer it ({needs.__name__})")
+    if client_cfg.dp is not None and not isinstance(task, PerExampleLoss):
+        raise ConfigError(f"client.dp: the {task.name} task gives no per-example losses (example_losses, "
+                          "rows_per_example), which DP-SGD clips")
     try:
         return SiloClient(name, index, examples, task, client_cfg, model, plan or exchange_plan(cfg), store, initial,
                           persist_optimizer=cfg.persist_optimizer,

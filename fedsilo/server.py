@@ -125,12 +125,13 @@ class Server:
         self._sent_params[client] = numel(tensors)
         return tensors
 
-    def reject(self, client: str, reason: str, key: str = "rejected") -> str:
+    def reject(self, client: str, reason: str, key: str = "rejected", final: bool = False) -> str:
         """Record a client whose reply could not even be read as an update (a malformed message), or
-        (key "refused") a silo whose own check refused the round: it sent nothing."""
+        (key "refused") a silo whose own check refused the round: it sent nothing. `final`: it will refuse
+        every later round too (its privacy budget is spent)."""
         self._record[client] = {"n_examples": None, "weight": None, "bytes_down": self._sent.get(client, 0),
                                 "bytes_up": 0, "params_down": self._sent_params.get(client, 0), "params_up": 0,
-                                key: reason}
+                                key: reason, **({"final": True} if final else {})}
         return reason
 
     def _delta(self, client: str, update: ClientUpdate) -> tuple[Tensors | None, str | None, float | None]:
@@ -170,6 +171,8 @@ class Server:
             entry["phase_seconds"] = {k: _json_number(v) for k, v in update.phase_seconds.items()}
         if update.lr_last is not None:  # a client lr schedule: the rate of its last optimiser step
             entry["lr_last"] = _json_number(update.lr_last)
+        if update.privacy:  # DP-SGD: the silo's own accountant, after this round
+            entry["privacy"] = {k: _json_number(v) for k, v in update.privacy.items()}
         if update.transforms:  # what the silo's upload went through before it left
             entry["transforms"] = [{k: _json_number(v) if isinstance(v, float) else v for k, v in t.items()}
                                    for t in update.transforms]

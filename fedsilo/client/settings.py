@@ -2,7 +2,7 @@
 composes them into the run's config, with per-silo overrides)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -22,6 +22,31 @@ class PersonalConfig(Strict):
     coef: FiniteFloat = Field(0.1, ge=0, description="λ of the personal regulariser")
     epochs: int = Field(1, gt=0, description="passes over the client's data per round")
     lr: FiniteFloat | None = Field(None, gt=0, description="None: client.lr")
+
+
+class DPSettings(Strict):
+    """`[client.dp]` (or `[clients.<silo>.dp]`): DP-SGD for this silo's local training."""
+    target_epsilon: FiniteFloat | None = Field(
+        None, gt=0, description="the silo's ε over all its rounds: σ is chosen so that federation.rounds rounds "
+                                "end at most here, and a round that would pass it is refused")
+    noise_multiplier: FiniteFloat | None = Field(
+        None, gt=0, description="σ (noise std / C) instead of deriving it from target_epsilon; with both, "
+                                "target_epsilon is only the cap")
+    delta: FiniteFloat | None = Field(None, gt=0, lt=1, description="δ; None: 1/(10·n) for a silo of n examples")
+    max_grad_norm: FiniteFloat = Field(1.0, gt=0, description="C: each example's gradient is clipped to it")
+    clipping: Literal["auto", "ghost", "per_example"] = Field(
+        "auto", description="ghost: per-example norms without per-example gradients (memory as plain training); "
+                            "per_example: Opacus's per-example gradients; auto: ghost unless the model ties parameters")
+    noise: Literal["secret", "seeded"] = Field(
+        "secret", description="secret: sampling and noise from os.urandom (what the guarantee assumes); seeded: "
+                              "from the run seed, to reproduce numbers exactly. Anyone who knows the seed can "
+                              "remove the noise")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "DPSettings":
+        if self.target_epsilon is None and self.noise_multiplier is None:
+            raise ValueError("set target_epsilon (σ is derived from it) or noise_multiplier")
+        return self
 
 
 class ClientConfig(Strict):
@@ -79,6 +104,9 @@ class ClientConfig(Strict):
         default_factory=list, description="the silo's own checks of each round's instructions before it trains, e.g. "
                                           "[{name = \"require_clip\", max_norm = 1.0}]: a check that fails refuses the "
                                           "round, and nothing leaves the silo (fedsilo.core.transforms)")
+    dp: DPSettings | None = Field(
+        None, description="record-level differential privacy: DP-SGD with an accountant per silo "
+                          "(fedsilo.client.private, docs/privacy.md)")
     persist_optimizer: bool | None = Field(
         None, description="keep optimiser state across rounds; None: yes unless federated")
 
@@ -136,6 +164,22 @@ class ClientConfig(Strict):
                 AFTER_TRAINING.resolve(self.after_training, self.after_training_options, "after_training_options")
             except SectionError as err:
                 raise ValueError(str(err)) from None
+        return self
+
+    @model_validator(mode="after")
+    def _dp_covers_training(self) -> "ClientConfig":
+        # DP-SGD's accountant covers Poisson samples of the silo's own examples, one step each.
+        if self.dp is None:
+            return self
+        if self.grad_accum > 1:
+            raise ValueError(f"dp: DP-SGD takes one Poisson sample per step, grad_accum = {self.grad_accum} is not "
+                             "supported; set batch_size to the expected sample size you want")
+        if self.before_training:
+            raise ValueError(f"dp: the round hook {self.before_training!r} trains on examples it makes from the "
+                             "silo's data (pseudo labels), which DP-SGD's accountant does not cover; remove one")
+        if self.objective != "task":
+            raise ValueError(f"dp: objective {self.objective!r} weighs examples by a gradient on other examples, "
+                             "which per-example clipping does not bound; use objective = \"task\"")
         return self
 
     @field_validator("upload_checks")

@@ -25,6 +25,7 @@ from fedsilo.tasks.tokens import PreTokenized, row_length, tokenized
 
 from .hooks import AFTER_TRAINING, PSEUDO_SOURCES, ROUND_HOOKS, AfterContext, HookContext
 from .objective import CLIENT_OBJECTIVES
+from .private import Budget, check_budget, plan_budget, steps_per_round, train_private
 from .schedule import round_steps, span_of
 from .settings import ClientConfig
 from .store import ClientState, ClientStore, optimizer_from_slot, optimizer_to_slot
@@ -126,9 +127,12 @@ class SiloClient:
         reason = refusal(self.checks, RoundInstructions(round_idx, self.name, self.plan.upload_transforms))
         if reason:  # before anything is trained or sent
             raise SiloRefused(reason)
+        state = self._state()
+        budget = self._budget(state)
+        if budget is not None:  # refused before anything is trained when the round would pass the target ε
+            check_budget(budget, self._private_steps(), self.name, round_idx)
         device = next(self.model.parameters()).device
         received = {k: v.to(device) for k, v in received.items()}  # no copy when already there
-        state = self._state()
         self.start_point(received, state)
         run_seed = client_seed(seed, round_idx, self.index)
         examples = self.examples
@@ -147,7 +151,54 @@ class SiloClient:
         steps_done = int(state.meta.get("steps_done", 0))
         schedule_start, schedule_total = span_of(self.cfg.schedule_span, steps_done, self.rounds, round_steps(
             len(items), self.cfg.batch_size, self.cfg.grad_accum, self.cfg.epochs, self.cfg.steps))
-        result, opt = train_local(
+        if budget is not None:
+            result, opt = train_private(
+                self.model, items, collate, self.task, budget, self.cfg.dp, steps=self._private_steps(),
+                lr=self.cfg.lr, lr_overrides=self._private_lrs(), batch_size=self.cfg.batch_size,
+                optimizer=self.cfg.optimizer, weight_decay=self.cfg.weight_decay, regularizers=self.cfg.regularizers,
+                anchor={k: received[k] for k in received if k in self.shared_names}, seed=run_seed,
+                max_grad_norm=self.cfg.max_grad_norm or None, optimizer_state=restore, on_step=on_step,
+                lr_schedule=self.cfg.lr_schedule, warmup=self.cfg.warmup, schedule_start=schedule_start,
+                schedule_total=schedule_total)
+        else:
+            result, opt = self._train(items, collate, lengths, received, run_seed, steps_done, restore, on_step,
+                                      schedule_start, schedule_total)
+        phases["training"] = time.perf_counter() - start - sum(phases.values())
+        params = federated_parameters(self.model)
+        with torch.no_grad():
+            now = {k: params[k].detach() for k in self.shared_names}
+            own = state.slot("own")  # all tensors when the plan keeps everything, else the private ones
+            previous = self._reference(own, received)
+            ctx = SelectionContext(round_idx, self.name, self.shared_names, now, previous, seed,
+                                   self.plan.upload_options)
+            upload = self.plan.choose_upload(ctx)
+            slots, meta = self._kept(state, params, upload, result.steps, opt)
+            if budget is not None:
+                meta["dp"] = budget.to_meta()
+            del opt  # its moments (two model copies) are freed before the upload's copy is made
+            values, transformed = encode(self.plan.upload_transforms, {k: now[k].clone() for k in upload},
+                                         TransformContext(round_idx, self.name, received, seed))
+        personal_terms = {}
+        if self.after:
+            began, slot = time.perf_counter(), self.after.value.slot
+            slots[slot], personal_terms = self.after.value(
+                AfterContext(self, received, state.slot(slot), examples, run_seed, on_step), self.after.options)
+            phases[slot] = time.perf_counter() - began
+        self.store.put(self.name, ClientState(slots, meta))
+        if budget is not None:  # what leaves: the noisy model and the accountant's ε; no loss computed on records
+            return ClientUpdate(values, len(self.examples), result.steps, seconds=time.perf_counter() - start,
+                                phase_seconds=phases, lr_last=result.lr if self.cfg.lr_schedule != "constant" else None,
+                                transforms=transformed, privacy=budget.record())
+        # n: the silo's own data (FedAvg's n_k, what it registered), not counting pseudo-labelled extras
+        return ClientUpdate(values, len(self.examples), result.steps, result.losses, time.perf_counter() - start,
+                            delta_loss=result.delta_loss, mean_loss=result.mean_loss, terms=result.terms,
+                            personal_terms=personal_terms, phase_seconds=phases,
+                            lr_last=result.lr if self.cfg.lr_schedule != "constant" else None,
+                            transforms=transformed)
+
+    def _train(self, items, collate, lengths, received: Tensors, run_seed: int, steps_done: int, restore, on_step,
+               schedule_start: int, schedule_total: int):
+        return train_local(
             self.model, items, collate, self.loss_fn, lengths=lengths, batch_order=self.cfg.batching,
             length_window=self.cfg.length_window, precision=self.precision,
             epochs=self.cfg.epochs, lr=self.cfg.lr, lr_overrides=self._private_lrs(), batch_size=self.cfg.batch_size,
@@ -159,32 +210,17 @@ class SiloClient:
             max_steps=self.cfg.steps, lr_schedule=self.cfg.lr_schedule, warmup=self.cfg.warmup,
             schedule_start=schedule_start, schedule_total=schedule_total,
         )
-        phases["training"] = time.perf_counter() - start - sum(phases.values())
-        params = federated_parameters(self.model)
-        with torch.no_grad():
-            now = {k: params[k].detach() for k in self.shared_names}
-            own = state.slot("own")  # all tensors when the plan keeps everything, else the private ones
-            previous = self._reference(own, received)
-            ctx = SelectionContext(round_idx, self.name, self.shared_names, now, previous, seed,
-                                   self.plan.upload_options)
-            upload = self.plan.choose_upload(ctx)
-            slots, meta = self._kept(state, params, upload, result.steps, opt)
-            del opt  # its moments (two model copies) are freed before the upload's copy is made
-            values, transformed = encode(self.plan.upload_transforms, {k: now[k].clone() for k in upload},
-                                         TransformContext(round_idx, self.name, received, seed))
-        personal_terms = {}
-        if self.after:
-            began, slot = time.perf_counter(), self.after.value.slot
-            slots[slot], personal_terms = self.after.value(
-                AfterContext(self, received, state.slot(slot), examples, run_seed, on_step), self.after.options)
-            phases[slot] = time.perf_counter() - began
-        self.store.put(self.name, ClientState(slots, meta))
-        # n: the silo's own data (FedAvg's n_k, what it registered), not counting pseudo-labelled extras
-        return ClientUpdate(values, len(self.examples), result.steps, result.losses, time.perf_counter() - start,
-                            delta_loss=result.delta_loss, mean_loss=result.mean_loss, terms=result.terms,
-                            personal_terms=personal_terms, phase_seconds=phases,
-                            lr_last=result.lr if self.cfg.lr_schedule != "constant" else None,
-                            transforms=transformed)
+
+    def _budget(self, state: ClientState) -> Budget | None:
+        """This silo's DP accountant as its store keeps it; planned (σ fixed) at its first DP round."""
+        if self.cfg.dp is None:
+            return None
+        if "dp" in state.meta:
+            return Budget.from_meta(state.meta["dp"])
+        return plan_budget(self.cfg.dp, len(self.examples), self.cfg.batch_size, self._private_steps(), self.rounds)
+
+    def _private_steps(self) -> int:
+        return steps_per_round(len(self.examples), self.cfg.batch_size, self.cfg.epochs, self.cfg.steps)
 
     def _reference(self, own: Tensors, received: Tensors) -> Tensors | None:
         """What an upload selector compares this round's tensors with: the client's own at the end of its

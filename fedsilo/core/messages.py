@@ -26,6 +26,7 @@ class ClientUpdate:
     phase_seconds: dict[str, float] = field(default_factory=dict)   # before_training, training, personal
     lr_last: float | None = None    # an lr schedule's rate at the last optimiser step (None: constant rate)
     transforms: list[dict] = field(default_factory=list)  # what each upload transform did ({"name": …, …})
+    privacy: dict[str, float] = field(default_factory=dict)  # DP-SGD: the silo's ε so far, δ, σ, q, steps
 
     def statistic(self, name: str) -> float:
         """The number a weighting policy reads: delta_loss, mean_loss or loss/<term> (NaN when absent)."""

@@ -105,6 +105,7 @@ class RoundInstructions:
 
 class SiloRefused(Exception):
     """A silo's check refused the round: nothing was trained, nothing left the silo."""
+    final = False  # True: the silo will refuse every later round too (its privacy budget is spent)
 
 
 # check(instructions, options) -> a reason to refuse the round, or None

@@ -46,7 +46,7 @@ def run_round(server: Server, clients: dict[str, SiloClient], sampled: list[str]
                                     on_step=progress.advance if progress else None)
                 reason = server.receive(name, update)
             except SiloRefused as err:
-                reason = server.reject(name, f"refused by the silo: {err}", key="refused")
+                reason = server.reject(name, f"refused by the silo: {err}", key="refused", final=err.final)
             if reason and progress:
                 progress.warn(f"round {round_idx}: rejected {name}: {reason}")
     record = server.end_round()

@@ -237,7 +237,7 @@ class WorkerPool:
                 try:
                     update, state = finished.pop(name).result()
                 except SiloRefused as err:  # nothing trained, nothing to store
-                    reason = server.reject(name, f"refused by the silo: {err}", key="refused")
+                    reason = server.reject(name, f"refused by the silo: {err}", key="refused", final=err.final)
                 else:
                     update = dataclasses.replace(update, tensors=unshare(update.tensors))
                     state = unshare_state(state)

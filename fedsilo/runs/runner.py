@@ -63,6 +63,21 @@ def _failure_cause(record: dict) -> str:
     return "; ".join(why) or record.get("skipped") or "no client took part"
 
 
+def spent_silos(logged: list[dict]) -> set[str]:
+    """The silos that refused a round for good (their privacy budget is spent)."""
+    return {c for record in logged for c, e in record.get("clients", {}).items() if e.get("final")}
+
+
+def privacy_spent(logged: list[dict]) -> dict[str, dict]:
+    """Each DP silo's accountant as of its last trained round (ε, δ, σ, q, steps)."""
+    out = {}
+    for record in logged:
+        for client, entry in record.get("clients", {}).items():
+            if entry.get("privacy"):
+                out[client] = {**entry["privacy"], "round": record["round"]}
+    return out
+
+
 def _check_progress(cfg: RunConfig, logged: list[dict], rounds: int) -> None:
     """Raise RunFailed after `max_failed_rounds` rounds in a row without an update, or at the last
     round of a run that never applied one."""
@@ -130,12 +145,13 @@ def _federate(cfg: RunConfig, run: RunDir, engine, server: Server, spec: MetricS
     run.write_config(cfg)  # only now: a refused resume leaves the run directory as it was
     if state is not None:
         done = run.read_results()
-        if done is not None and state["round"] >= rounds and done.get("rounds") == state["round"]:
+        if done is not None and (state["round"] >= rounds or done.get("stopped")) and done.get("rounds") == state["round"]:
             progress.log(f"{run.path} is finished ({state['round']} rounds): results as recorded")
             return done
     last = start - 1
     run.truncate_rounds(last)
     engine.truncate(last)
+    stopped = None
 
     for r in range(start, rounds + 1):
         sampled = sample_clients(engine.client_names, r, cfg.seed, cfg.federation.sample_fraction,
@@ -166,7 +182,14 @@ def _federate(cfg: RunConfig, run: RunDir, engine, server: Server, spec: MetricS
         run.save(run.checkpoint, {"round": r, **identity, "best": best, "server": server.state_dict(),
                                   "clients": engine.state_dict()})
         engine.after_checkpoint([r] + ([best["round"]] if best else []))
-        _check_progress(cfg, run.read_rounds(), rounds)
+        logged = run.read_rounds()
+        if set(engine.client_names) <= spent_silos(logged):
+            stopped = (f"every silo refused round {r} and all later rounds (each has spent its privacy budget); "
+                       f"the run ends after round {r} of {rounds}")
+            progress.warn(stopped)
+            rounds = r
+            break
+        _check_progress(cfg, logged, rounds)
 
     if best is None:
         raise RunFailed(f"every dev evaluation was invalid (NaN/Inf model scores or a NaN dev {spec.primary}; "
@@ -187,6 +210,11 @@ def _federate(cfg: RunConfig, run: RunDir, engine, server: Server, spec: MetricS
                "metric_spec": spec.describe(), "display": dict(display or {}), "test": test}
     if matrix:
         results["matrix"] = {"split": "test", "models": {m: spec.summarize(rows) for m, rows in matrix.items()}}
+    privacy = privacy_spent(logged)
+    if privacy:
+        results["privacy"] = privacy
+    if stopped:
+        results["stopped"] = stopped
     run.write_results(results)
     # Leave the engine where the run ended, so a resume with more rounds continues from there.
     state = run.load_checkpoint(run.checkpoint, identity, server.params, device)

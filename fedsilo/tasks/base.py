@@ -176,6 +176,15 @@ class Task(Protocol):
 
 
 @runtime_checkable
+class PerExampleLoss(Protocol):
+    """A task that DP-SGD can train: the loss of each training example, depending on that example alone
+    (their sum is what is differentiated), and how many rows of the model's batch one example fills."""
+    rows_per_example: int
+
+    def example_losses(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor: ...
+
+
+@runtime_checkable
 class CrossDomain(Protocol):
     """A task whose models are also tested on every domain of a matrix (the translation paper's
     Tables 4-7: each silo's model on every domain)."""

@@ -168,6 +168,20 @@ def pad_seq2seq(rows: Sequence[Mapping[str, torch.Tensor]], pad_id: int) -> dict
             "labels": pad_rows([r["labels"] for r in rows], -100)}
 
 
+def sequence_nll(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Token cross-entropy [batch, length], 0 at padding (labels -100)."""
+    return torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100,
+                                             reduction="none")
+
+
+def sequence_losses(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """Each row's token-mean cross-entropy [batch]: one example's loss that depends on that example
+    alone (a batch's token mean weighs each row by the others' lengths), which DP-SGD needs."""
+    labels = batch["labels"]
+    nll = sequence_nll(model(**batch).logits, labels)
+    return nll.sum(1) / (labels != -100).sum(1).clamp(min=1)
+
+
 def attention_mask(rows: Sequence[torch.Tensor]) -> torch.Tensor:
     lengths = torch.tensor([int(r.shape[0]) for r in rows])
     return (torch.arange(int(lengths.max()) if len(rows) else 0)[None, :] < lengths[:, None]).long()

@@ -117,7 +117,7 @@ def train(message: Message, context: Context) -> Message:
     try:
         update = silo.client.fit(round_idx, from_arrays(message.content["arrays"]), silo.cfg.seed)
     except SiloRefused as err:  # the silo's own check: no arrays in the reply, only why
-        return Message(refusal_to_content(str(err), silo.name), reply_to=message)
+        return Message(refusal_to_content(str(err), silo.name, err.final), reply_to=message)
     return Message(update_to_content(update, silo.name), reply_to=message)
 
 

@@ -28,7 +28,8 @@ def _num(x: float | None) -> float:
     return float("nan") if x is None else float(x)
 
 
-_NAMED = {"term": "terms", "personal": "personal_terms", "phase": "phase_seconds"}  # wire prefix → field
+_NAMED = {"term": "terms", "personal": "personal_terms", "phase": "phase_seconds",
+          "dp": "privacy"}  # wire prefix → field
 
 
 def update_to_content(update: ClientUpdate, silo: str) -> RecordDict:
@@ -48,15 +49,18 @@ def update_to_content(update: ClientUpdate, silo: str) -> RecordDict:
     })
 
 
-def refusal_to_content(reason: str, silo: str) -> RecordDict:
-    """A silo's answer when its own check refused the round: the reason, no tensors."""
-    return RecordDict({"refused": ConfigRecord({"reason": reason}), "silo": ConfigRecord({"name": silo})})
+def refusal_to_content(reason: str, silo: str, final: bool = False) -> RecordDict:
+    """A silo's answer when its own check refused the round: the reason (and whether it refuses every
+    later round too), no tensors."""
+    return RecordDict({"refused": ConfigRecord({"reason": reason, "final": final}),
+                       "silo": ConfigRecord({"name": silo})})
 
 
-def refusal_in(content: RecordDict) -> str | None:
-    """The reason a silo refused the round, or None for an update."""
+def refusal_in(content: RecordDict) -> tuple[str, bool] | None:
+    """(the reason a silo refused the round, whether for good), or None for an update."""
     if "refused" in content and isinstance(content["refused"], ConfigRecord):
-        return str(content["refused"].get("reason", "no reason given"))
+        record = content["refused"]
+        return str(record.get("reason", "no reason given")), record.get("final") is True
     return None
 
 

@@ -111,7 +111,8 @@ class FlowerEngine:
                 try:
                     refused = refusal_in(reply)
                     if refused is not None:
-                        reason = server.reject(silo, f"refused by the silo: {refused}", key="refused")
+                        reason = server.reject(silo, f"refused by the silo: {refused[0]}", key="refused",
+                                               final=refused[1])
                     else:
                         reason = server.receive(silo, content_to_update(reply))
                         flower_bytes[silo] = (carried_bytes(reply["arrays"]), carried_bytes(sent[silo]))

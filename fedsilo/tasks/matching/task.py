@@ -157,6 +157,13 @@ class MatchingTask:
         pos, neg = scores.chunk(2)
         return {"hinge": torch.relu(self.settings.margin - pos + neg).mean()}
 
+    rows_per_example = 2  # a triple is its relevant and its irrelevant pair: two rows of the encoder's batch
+
+    def example_losses(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Each triple's hinge [B] (DP-SGD clips per triple)."""
+        pos, neg = model(**batch).logits.squeeze(-1).chunk(2)
+        return torch.relu(self.settings.margin - pos + neg)
+
     @torch.no_grad()
     def scores(self, model: torch.nn.Module, questions: Sequence[Question], progress=None) -> list[list[float]]:
         """f(q, a) for every candidate of every question. Pairs are scored in batches of similar

@@ -27,9 +27,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-from fedsilo.tasks.tokens import RowMemo, attention_mask, pad_rows, sorted_batches
+from fedsilo.tasks.tokens import RowMemo, attention_mask, pad_rows, sequence_nll, sorted_batches
 
 from .catalog import CATALOG
 from .data import SPLITS, load_fewshot, own_shots
@@ -54,11 +53,6 @@ class Example:
     @property
     def target(self) -> str:
         return self.references[0]
-
-
-def sequence_nll(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Token cross-entropy [batch, length], 0 at padding (labels -100)."""
-    return F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100, reduction="none")
 
 
 class MultitaskTask:
@@ -174,6 +168,15 @@ class MultitaskTask:
         """The batch without its pseudo rows (meta weighting's look-ahead reads the annotated ones)."""
         b = int(batch["annotated_rows"])
         return {k: v if k == "annotated_rows" else v[:b] for k, v in batch.items()}
+
+    rows_per_example = 1
+
+    def example_losses(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Each annotated row's token-mean loss (DP-SGD; a client under DP takes no pseudo rows)."""
+        annotated, pseudo = self.sequence_losses(model, batch)
+        if pseudo.numel():
+            raise ValueError("DP-SGD takes the silo's own examples only; this batch holds pseudo-labelled rows")
+        return annotated
 
     def loss(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         annotated, pseudo = self.sequence_losses(model, batch)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from fedsilo.tasks.base import Column, MetricSpec, Metrics, fixed_subsample
-from fedsilo.tasks.tokens import RowMemo, pad_seq2seq, sorted_batches
+from fedsilo.tasks.tokens import RowMemo, pad_seq2seq, sequence_losses, sorted_batches
 
 from .data import DataError, Example, silo_database, silo_examples
 from .metrics import exact_match, execution_match
@@ -169,6 +169,11 @@ class Text2SQLTask:
 
     def loss(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {"task": model(**batch).loss}
+
+    rows_per_example = 1
+
+    def example_losses(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        return sequence_losses(model, batch)
 
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, client: str, split: str, progress=None,

@@ -16,7 +16,7 @@ import torch
 
 from fedsilo.datafetch import default_data_root
 from fedsilo.tasks.base import fixed_subsample
-from fedsilo.tasks.tokens import RowMemo, pad_seq2seq, sorted_batches
+from fedsilo.tasks.tokens import RowMemo, pad_seq2seq, sequence_losses, sorted_batches
 
 from .data import DataError, Pair, load_silo
 from .metrics import SPEC, bleu_stats, signatures
@@ -116,6 +116,11 @@ class TranslationTask:
 
     def loss(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {"task": model(**batch).loss}
+
+    rows_per_example = 1
+
+    def example_losses(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        return sequence_losses(model, batch)
 
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, client: str, split: str, progress=None,

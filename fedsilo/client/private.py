@@ -1,0 +1,313 @@
+"""Record-level differential privacy inside a silo: DP-SGD (Abadi et al. 2016) through Opacus.
+
+Each optimiser step trains on a Poisson sample of the silo's examples (each taken independently with
+probability q = batch_size / n: the sampling Opacus's RDP accountant assumes), clips each example's
+gradient to C (`max_grad_norm`), adds Gaussian noise N(0, σ²C²) to the sum and divides by the
+expected batch size. The silo's accountant (Opacus's `RDPAccountant`) composes every step it took, over
+all its rounds; its history (σ, q, steps) lives in the silo's store, so a resumed run reports the ε of
+an uninterrupted one, and on Flower the accountant is on the silo's own disk.
+
+Rows: one example may fill k rows of the model's batch (answer selection: a triple is a relevant and an
+irrelevant pair, `rows_per_example = 2`). Opacus clips rows; clipping each row to C/k bounds an
+example's gradient by C (triangle inequality), and noise of σ·k·(C/k) = σ·C keeps the ratio σ that the
+accountant composes. A task's `example_losses` gives each example a loss that depends on it alone.
+
+Clipping: `ghost` (Li et al. 2022; Bu et al. 2023) computes each row's gradient norm without its
+gradient (Opacus's GradSampleModuleFastGradientClipping), then a second backward pass weighs each row
+by its clip factor: memory as plain training. `per_example` keeps each row's gradient (Opacus's
+GradSampleModule, functorch for layers it has no rule for). `auto`: ghost unless the model ties
+parameters (the seq2seq models share their embedding with the output layer), which ghost cannot take.
+
+What the guarantee covers: the tensors a silo uploads are a post-processing of the noisy steps. The
+loss values a round logs are not: under DP a silo withholds them (ΔL, mean loss, terms), so a weighting
+policy that reads them is refused (fedsilo.config). Regularisers on the parameters alone (FedProx's
+μ/2‖w − w_t‖²) read no data: their gradient is added after the noise.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from opacus.accountants import RDPAccountant
+from opacus.accountants.utils import get_noise_multiplier
+from opacus.grad_sample import GradSampleModule, GradSampleModuleFastGradientClipping
+from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
+
+from fedsilo.core.tensors import Tensors
+from fedsilo.core.transforms import SiloRefused
+
+from .settings import DPSettings
+
+
+class BudgetSpent(SiloRefused):
+    """The silo's privacy budget does not allow another round: it refuses this and every later round."""
+    final = True
+
+
+@dataclass
+class Budget:
+    """A silo's accountant: σ and q fixed at its first round, and the steps it has taken with them."""
+    noise_multiplier: float
+    sample_rate: float
+    delta: float
+    target_epsilon: float | None = None
+    history: list[tuple[float, float, int]] = field(default_factory=list)
+
+    def epsilon(self, more_steps: int = 0) -> float:
+        """ε at this δ after the steps taken (and `more_steps` more); 0 before any."""
+        history = list(self.history) + ([(self.noise_multiplier, self.sample_rate, more_steps)] if more_steps else [])
+        if not history:
+            return 0.0
+        accountant = RDPAccountant()
+        accountant.history = history
+        return float(accountant.get_epsilon(delta=self.delta))
+
+    def spend(self, steps: int) -> None:
+        if not steps:
+            return
+        step = (self.noise_multiplier, self.sample_rate)
+        if self.history and tuple(self.history[-1][:2]) == step:
+            self.history[-1] = (*step, int(self.history[-1][2]) + steps)
+        else:
+            self.history.append((*step, steps))
+
+    @property
+    def steps(self) -> int:
+        return sum(int(h[2]) for h in self.history)
+
+    def to_meta(self) -> dict:
+        return {"noise_multiplier": self.noise_multiplier, "sample_rate": self.sample_rate, "delta": self.delta,
+                "target_epsilon": self.target_epsilon, "history": [list(h) for h in self.history]}
+
+    @classmethod
+    def from_meta(cls, meta: Mapping) -> "Budget":
+        return cls(float(meta["noise_multiplier"]), float(meta["sample_rate"]), float(meta["delta"]),
+                   meta.get("target_epsilon"), [(float(s), float(q), int(n)) for s, q, n in meta["history"]])
+
+    def record(self) -> dict:
+        """What rounds.jsonl and the server see: ε so far and how it was reached."""
+        return {"epsilon": self.epsilon(), "delta": self.delta, "noise_multiplier": self.noise_multiplier,
+                "sample_rate": self.sample_rate, "steps": self.steps,
+                **({"target_epsilon": self.target_epsilon} if self.target_epsilon is not None else {})}
+
+
+def plan_budget(settings: DPSettings, n_examples: int, batch_size: int, steps_per_round: int, rounds: int) -> Budget:
+    """σ for this silo: given, or the smallest (within Opacus's 1% search) whose ε after `rounds` rounds of
+    `steps_per_round` steps at q = batch_size / n stays within target_epsilon."""
+    q = min(1.0, batch_size / n_examples)
+    delta = settings.delta if settings.delta is not None else 1 / (10 * n_examples)
+    sigma = settings.noise_multiplier
+    if sigma is None:
+        sigma = get_noise_multiplier(target_epsilon=settings.target_epsilon, target_delta=delta, sample_rate=q,
+                                     steps=steps_per_round * rounds, accountant="rdp", epsilon_tolerance=0.01)
+    return Budget(float(sigma), q, delta, settings.target_epsilon)
+
+
+def check_budget(budget: Budget, steps: int, silo: str, round_idx: int) -> None:
+    """Refuse the round (BudgetSpent) when its steps would take the silo past its target ε."""
+    if budget.target_epsilon is None:
+        return
+    after = budget.epsilon(steps)
+    if after > budget.target_epsilon * (1 + 1e-9):
+        raise BudgetSpent(f"privacy budget: round {round_idx} ({steps} DP-SGD steps) would take {silo} to "
+                          f"ε = {after:.3f} > its target ε = {budget.target_epsilon:g} (δ = {budget.delta:.3g}; "
+                          f"ε so far {budget.epsilon():.3f}); it trains no more")
+
+
+def ties_parameters(model: torch.nn.Module) -> bool:
+    """Whether one trainable parameter belongs to two modules (tied embeddings)."""
+    seen: set[int] = set()
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            if p.requires_grad:
+                if id(p) in seen:
+                    return True
+                seen.add(id(p))
+    return False
+
+
+def generator(settings: DPSettings, seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """A source of the Poisson samples or the noise (see DPSettings.noise)."""
+    g = torch.Generator(device=device)
+    g.manual_seed(int.from_bytes(os.urandom(8), "little") if settings.noise == "secret" else seed)
+    return g
+
+
+def poisson_sample(n: int, q: float, g: torch.Generator) -> list[int]:
+    """Each of n examples independently with probability q (possibly none)."""
+    return torch.nonzero(torch.rand(n, generator=g) < q).flatten().tolist()
+
+
+class PrivateSGD:
+    """Opacus's per-example clipping and noise around the working model and its optimiser, for one
+    round; `close` takes Opacus's hooks off the model (the in-process silos share it)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, budget: Budget,
+                 settings: DPSettings, rows_per_example: int, expected_batch: int, g: torch.Generator) -> None:
+        k, c = rows_per_example, settings.max_grad_norm
+        self.model, self.rows = model, k
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.ghost = settings.clipping == "ghost" or (settings.clipping == "auto" and not ties_parameters(model))
+        if self.ghost:
+            self.gsm = GradSampleModuleFastGradientClipping(model, batch_first=True, loss_reduction="sum",
+                                                            strict=False, max_grad_norm=c / k, use_ghost_clipping=True)
+            kind = DPOptimizerFastGradientClipping
+        else:
+            self.gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum", strict=False)
+            kind = DPOptimizer
+        self.optimizer = kind(optimizer, noise_multiplier=budget.noise_multiplier * k, max_grad_norm=c / k,
+                              expected_batch_size=expected_batch, loss_reduction="mean", generator=g,
+                              secure_mode=True)
+
+    def backward(self, example_losses: Callable[[torch.nn.Module, dict], torch.Tensor], batch: dict,
+                 n: int) -> torch.Tensor:
+        """Per-example clipped gradients of Σ loss_i over the batch's n examples (kept for `step`);
+        returns the examples' losses (detached)."""
+        batch = with_positions(self.model, batch)
+        outputs: list = []
+        hook = self.model.register_forward_hook(lambda _m, _i, out: outputs.append(out))
+        try:
+            losses = example_losses(self.model, batch)
+        finally:
+            hook.remove()
+        rows = _logits(outputs[0]).shape[0] if outputs else None
+        if losses.shape != (n,) or rows != self.rows * n:
+            raise ValueError(f"DP-SGD: the task gave {tuple(losses.shape)} losses and {rows} model rows for {n} "
+                             f"examples; it must give one loss per example and {self.rows} row(s) each")
+        if not self.ghost:
+            losses.sum().backward()
+            return losses.detach()
+        # Ghost clipping: the first pass gives each row's gradient norm; the second weighs each row's
+        # gradient by its clip factor, through the gradient at the model's output (rows do not mix)
+        logits, seen = _logits(outputs[0]), []
+        logits.register_hook(lambda grad: seen.append(grad))
+        losses.sum().backward(retain_graph=True)
+        for p in self.params:
+            p.grad = None
+        coef = self.gsm.get_clipping_coef().to(seen[0].device, seen[0].dtype)
+        self.gsm.disable_hooks()
+        try:
+            torch.autograd.backward(logits, grad_tensors=seen[0] * coef.view(-1, *[1] * (seen[0].dim() - 1)))
+        finally:
+            self.gsm.enable_hooks()
+        return losses.detach()
+
+    def empty(self) -> None:
+        """A Poisson sample with no example: the step is the noise alone (the accountant counts it)."""
+        for p in self.params:
+            if self.ghost:
+                p.grad = torch.zeros_like(p)
+            else:
+                p.grad_sample = torch.zeros((0, *p.shape), device=p.device, dtype=p.dtype)
+
+    def step(self, extra: Callable[[], Sequence[torch.Tensor] | None] | None = None,
+             max_grad_norm: float | None = None) -> None:
+        """Clip, noise, average; then the data-free gradients (regularisers), the post-processing clip of
+        `client.max_grad_norm`, and the optimiser's own step."""
+        self.optimizer.pre_step()
+        grads = extra() if extra is not None else None
+        if grads:
+            for p, gr in zip(self.params, grads):
+                if gr is not None:
+                    p.grad.add_(gr)
+        if max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(self.params, max_grad_norm)
+        self.optimizer.original_optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def close(self) -> None:
+        self.gsm._close()
+        for p in self.params:
+            for attr in ("summed_grad", "grad_sample", "_norm_sample", "_forward_counter"):
+                if hasattr(p, attr):
+                    delattr(p, attr)
+
+
+def with_positions(model: torch.nn.Module, batch: dict) -> dict:
+    """The batch with explicit position ids, one row each, where the model takes them: BERT's default
+    is one (1, L) row broadcast over the batch, which per-example gradients cannot split by example."""
+    if "input_ids" not in batch or "position_ids" in batch or \
+            "position_ids" not in inspect.signature(model.forward).parameters:
+        return batch
+    rows, length = batch["input_ids"].shape
+    positions = torch.arange(length, device=batch["input_ids"].device).repeat(rows, 1)
+    return {**batch, "position_ids": positions}
+
+
+def _logits(out) -> torch.Tensor:
+    return out if isinstance(out, torch.Tensor) else out.logits
+
+
+def regularizer_grads(params: Mapping[str, torch.nn.Parameter], anchor: Tensors, regularizers: Mapping[str, float],
+                      terms: Callable) -> Callable[[], list[torch.Tensor | None] | None]:
+    """The gradient of the regularisers alone (no data), for `PrivateSGD.step`."""
+    def grads():
+        active = {k: v for k, v in regularizers.items() if v > 0}
+        if not active:
+            return None
+        total = sum(terms({}, params, anchor, active).values())
+        trainable = [p for p in params.values() if p.requires_grad]
+        return list(torch.autograd.grad(total, trainable, allow_unused=True))
+    return grads
+
+
+def steps_per_round(n: int, batch_size: int, epochs: int, steps: int | None) -> int:
+    """Expected-batch steps of one round: `steps`, else epochs × ⌈n / batch_size⌉."""
+    return steps if steps else epochs * math.ceil(n / batch_size)
+
+
+def train_private(model: torch.nn.Module, examples: Sequence, collate: Callable[[Sequence], dict], task,
+                  budget: Budget, settings: DPSettings, *, steps: int, lr: float, batch_size: int,
+                  lr_overrides: Mapping[str, float] | None = None, optimizer: str = "adafactor",
+                  weight_decay: float = 0.0, regularizers: Mapping[str, float] | None = None,
+                  anchor: Tensors | None = None, seed: int = 0, max_grad_norm: float | None = None,
+                  optimizer_state: Callable[[torch.optim.Optimizer], None] | None = None,
+                  on_step: Callable[[], None] | None = None, lr_schedule: str = "constant", warmup: float = 0.0,
+                  schedule_start: int = 0, schedule_total: int | None = None):
+    """`steps` DP-SGD steps on Poisson samples of `examples`; the budget records them. Returns
+    (LocalResult, the plain optimiser, whose state a silo may keep)."""
+    from .objective import objective_terms
+    from .optim import make_optimizer
+    from .schedule import StepSchedule
+    from .train import LocalResult, param_groups, to_device
+
+    params = dict(model.named_parameters())
+    device = next(iter(params.values())).device
+    plain = make_optimizer(optimizer, param_groups(params, lr, lr_overrides or {}), lr, weight_decay)
+    if optimizer_state is not None:
+        optimizer_state(plain)
+    schedule = StepSchedule(lr_schedule, plain, warmup, schedule_start, schedule_total or steps)
+    g = generator(settings, seed)  # the Poisson samples
+    dp = PrivateSGD(model, plain, budget, settings, task.rows_per_example, batch_size,
+                    generator(settings, seed + 1, device))  # the noise
+    extra = regularizer_grads(params, anchor or {}, regularizers or {}, objective_terms)
+    loss_sum, seen, last_lr = 0.0, 0, math.nan
+    fork = torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
+    try:
+        with fork:
+            torch.manual_seed(seed)  # dropout; restored on exit by fork_rng
+            model.train()
+            for _ in range(steps):
+                picked = poisson_sample(len(examples), budget.sample_rate, g)
+                if picked:
+                    batch = to_device(collate([examples[i] for i in picked]), device)
+                    losses = dp.backward(task.example_losses, batch, len(picked))
+                    loss_sum, seen = loss_sum + float(losses.sum()), seen + len(picked)
+                else:
+                    dp.empty()
+                last_lr = plain.param_groups[0]["lr"]
+                dp.step(extra, max_grad_norm)
+                schedule.step()
+                budget.spend(1)
+                if on_step:
+                    on_step()
+    finally:
+        dp.close()
+        model.eval()
+    result = LocalResult(n_examples=len(examples), steps=steps, mean_loss=loss_sum / seen if seen else math.nan,
+                         lr=last_lr)
+    return result, plain

@@ -1,0 +1,1 @@
+"""Privacy mechanisms that protect what silos send: secure aggregation (secagg)."""
