@@ -333,7 +333,8 @@ class RunConfig(Strict):
         override = self.clients.get(client)
         if override is None:
             return self.client
-        return self.client.model_copy(update=override.model_dump(exclude_none=True))
+        # validated, so a table ([clients.<silo>.dp], .personal) becomes its settings class again
+        return ClientConfig.model_validate({**self.client.model_dump(), **override.model_dump(exclude_none=True)})
 
 
 def task_settings(raw: Any) -> TaskSettings:

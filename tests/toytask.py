@@ -203,6 +203,14 @@ class ToyRankTask:
     def loss(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {"task": pairwise_hinge(self.scores(model, batch).float(), batch["labels"], batch["qid"])}
 
+    rows_per_example = NEGATIVES + 1  # a question is all its candidates
+
+    def example_losses(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Each question's own pairwise hinge (DP-SGD)."""
+        scores = self.scores(model, batch).float()
+        return torch.stack([pairwise_hinge(scores[m], batch["labels"][m], batch["qid"][m])
+                            for m in (batch["qid"] == g for g in range(int(batch["qid"].max()) + 1))])
+
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, client: str, split: str, progress=None,
                  final: bool = False) -> list[dict]:

@@ -301,3 +301,28 @@ def wall_seconds(rounds: Sequence[Mapping[str, Any]], results: Mapping[str, Any]
     if results is not None and results.get("wall_seconds") is not None:
         return float(results["wall_seconds"])
     return float(sum((r.get("seconds") or 0) + (r.get("eval_seconds") or 0) for r in rounds))
+
+
+def spent_silos(logged: list[dict]) -> set[str]:
+    """The silos that refused a round for good (their privacy budget is spent)."""
+    return {c for record in logged for c, e in record.get("clients", {}).items() if e.get("final")}
+
+
+def privacy_spent(logged: list[dict]) -> dict[str, dict]:
+    """Each DP silo's accountant as of its last trained round (ε, δ, σ, q, steps)."""
+    out = {}
+    for record in logged:
+        for client, entry in record.get("clients", {}).items():
+            if entry.get("privacy"):
+                out[client] = {**entry["privacy"], "round": record["round"]}
+    return out
+
+
+def refused_for_good(logged: list[dict]) -> dict[str, tuple[int, str]]:
+    """Each silo that refused a round for good: (that round, its reason), the first time."""
+    out: dict[str, tuple[int, str]] = {}
+    for record in logged:
+        for client, entry in record.get("clients", {}).items():
+            if entry.get("final") and client not in out:
+                out[client] = (record["round"], entry.get("refused", ""))
+    return out

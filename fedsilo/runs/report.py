@@ -11,10 +11,15 @@ from typing import Any
 
 from .plots import client_weight, plot_bytes, plot_dev, plot_losses, plot_weights
 from .records import (MB, best_round, column, display_name, exchange_totals, invalid_evaluations, primary_key,
-                      primary_label, read_config, read_results, read_rounds, read_text, registry_spec,
-                      run_directory, wall_seconds)
-from .tables import (MATRIX_NOTE, format_value, markdown_table, matrix_table, reference_tables, results_table,
-                     rounds_table, table_caption)
+                      primary_label, privacy_spent, read_config, read_results, read_rounds, read_text,
+                      refused_for_good, registry_spec, run_directory, wall_seconds)
+from .tables import (MATRIX_NOTE, format_value, markdown_table, matrix_table, privacy_table, reference_tables,
+                     results_table, rounds_table, table_caption)
+
+
+PRIVACY_NOTE = ("Record-level DP-SGD inside each silo: (ε, δ) from the silo's own RDP accountant over every "
+                "step it trained (σ the noise multiplier, q the Poisson sampling rate), as the silo reported it "
+                "after its last trained round; docs/privacy.md says what it covers.")
 
 
 def _duration(seconds: float) -> str:
@@ -161,6 +166,14 @@ def write_report(run_dir: str | Path, display: Mapping[str, str] | None = None) 
         matrix = matrix_table(results, display)
         if matrix:
             out += ["## Cross-domain matrix\n", MATRIX_NOTE, "", markdown_table(matrix), ""]
+    privacy = privacy_spent(rounds)
+    if privacy:
+        out += ["## Privacy\n", PRIVACY_NOTE, "", markdown_table(privacy_table(privacy, display)), ""]
+        out += [f"- Refused for good: {display_name(c, display)} (round {r}): {why}"
+                for c, (r, why) in refused_for_good(rounds).items()]
+        if results and results.get("stopped"):
+            out += [f"- The run stopped early: {results['stopped']}"]
+        out += [""]
     if rounds:
         out += ["## Rounds\n", markdown_table(rounds_table(rounds, spec, display)), "",
                 "## Plots\n", *_image_links(_write_plots(rounds, root / "plots", spec, best, display), root)]

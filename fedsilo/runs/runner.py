@@ -24,6 +24,7 @@ from fedsilo.recipe import (TOKENIZER_DIR, build_model, build_recipe, build_serv
                             task_tokenizer)
 from .datacheck import check_at_start
 from .lock import RunLock
+from .records import privacy_spent, spent_silos
 from .rundir import RunDir, RunDirError, config_hash
 
 
@@ -61,21 +62,6 @@ def _failure_cause(record: dict) -> str:
     why = [f"{c}: {e['rejected']}" for c, e in record.get("clients", {}).items() if e.get("rejected")]
     why += [f"{c}: {m}" for c, m in (record.get("missing_reasons") or {}).items()]
     return "; ".join(why) or record.get("skipped") or "no client took part"
-
-
-def spent_silos(logged: list[dict]) -> set[str]:
-    """The silos that refused a round for good (their privacy budget is spent)."""
-    return {c for record in logged for c, e in record.get("clients", {}).items() if e.get("final")}
-
-
-def privacy_spent(logged: list[dict]) -> dict[str, dict]:
-    """Each DP silo's accountant as of its last trained round (ε, δ, σ, q, steps)."""
-    out = {}
-    for record in logged:
-        for client, entry in record.get("clients", {}).items():
-            if entry.get("privacy"):
-                out[client] = {**entry["privacy"], "round": record["round"]}
-    return out
 
 
 def _check_progress(cfg: RunConfig, logged: list[dict], rounds: int) -> None:
@@ -151,11 +137,12 @@ def _federate(cfg: RunConfig, run: RunDir, engine, server: Server, spec: MetricS
     last = start - 1
     run.truncate_rounds(last)
     engine.truncate(last)
-    stopped = None
+    stopped, spent = None, spent_silos(run.read_rounds())
 
     for r in range(start, rounds + 1):
         sampled = sample_clients(engine.client_names, r, cfg.seed, cfg.federation.sample_fraction,
                                  cfg.federation.sample_count)
+        sampled = [c for c in sampled if c not in spent]  # a silo that refused for good is not asked again
         engine.set_round(r)
         record = engine.train_round(server, sampled, r, progress)
         for message in _round_warnings(cfg, record):
@@ -183,7 +170,8 @@ def _federate(cfg: RunConfig, run: RunDir, engine, server: Server, spec: MetricS
                                   "clients": engine.state_dict()})
         engine.after_checkpoint([r] + ([best["round"]] if best else []))
         logged = run.read_rounds()
-        if set(engine.client_names) <= spent_silos(logged):
+        spent = spent_silos(logged)
+        if set(engine.client_names) <= spent:
             stopped = (f"every silo refused round {r} and all later rounds (each has spent its privacy budget); "
                        f"the run ends after round {r} of {rounds}")
             progress.warn(stopped)

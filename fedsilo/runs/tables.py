@@ -191,6 +191,17 @@ def _numeric(cell: str) -> bool:
     return True
 
 
+def privacy_table(privacy: Mapping[str, Mapping], display: Mapping[str, str] | None = None) -> list[list[str]]:
+    """One row per DP silo: its accountant after its last trained round."""
+    rows = [["silo", "ε", "δ", "target ε", "σ", "q", "steps", "last round"]]
+    for silo, p in privacy.items():
+        target = p.get("target_epsilon")
+        rows.append([display_name(silo, display), f"{p['epsilon']:.2f}", f"{p['delta']:.3g}",
+                     "-" if target is None else f"{target:g}", f"{p['noise_multiplier']:.3f}",
+                     f"{p['sample_rate']:.3g}", f"{int(p['steps'])}", str(p["round"])])
+    return rows
+
+
 def markdown_table(rows: list[list[str]]) -> str:
     """GitHub-flavoured Markdown; the first row is the header. Columns whose
     cells are all numbers are right-aligned so decimals line up."""
