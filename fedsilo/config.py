@@ -39,6 +39,14 @@ ClientOverride = create_model(
 )
 
 
+class SecureAggregationConfig(Strict):
+    """`[federation.secure_aggregation]`: the server learns only the round's weighted sum (fedsilo.privacy.secagg)."""
+    threshold: int | None = Field(None, ge=2, description="Shamir threshold t: the round needs t silos to finish, "
+                                                          "tolerates n − t dropping; None: a majority, n//2 + 1")
+    step: FiniteFloat = Field(2.0 ** -32, gt=0, lt=1, description="fixed-point step: each coordinate of the sum is "
+                                                                   "exact to (silos) × step / 2")
+
+
 class FederationConfig(Strict):
     rounds: int = Field(3, gt=0, strict=True)
     sample_fraction: float = Field(1.0, gt=0, le=1)
@@ -66,6 +74,8 @@ class FederationConfig(Strict):
                             "(\"off\": no limit)")
     max_failed_rounds: int = Field(
         3, gt=0, strict=True, description="stop the run after this many rounds in a row applied no update")
+    secure_aggregation: SecureAggregationConfig | None = Field(
+        None, description="mask each silo's weighted update so the server learns only their sum (docs/privacy.md)")
 
     @field_validator("max_weight_ratio", "max_update_ratio", "max_step_ratio", mode="before")
     @classmethod
@@ -290,6 +300,46 @@ class RunConfig(Strict):
                 if key in unread:
                     raise SectionError(f"clients.{silo}.{key} = {_fmt(value)}: nothing reads it ({unread[key]}); "
                                        "remove it")
+        return self
+
+    @model_validator(mode="after")
+    def _secure_aggregation_combines(self) -> "RunConfig":
+        # What needs one silo's update, weight or tensor list in the clear cannot run under the mask: refused.
+        secure = self.federation.secure_aggregation
+        if secure is None:
+            return self
+        f, x = self.federation, self.exchange
+        why = "the server sees only the sum of the silos' masked updates"
+        if not self.participation.federates:
+            raise ValueError(f"federation.secure_aggregation: paradigm {self.paradigm!r} does not federate")
+        if x.upload != "all":
+            raise ValueError(f"exchange.upload = {x.upload!r} cannot run with federation.secure_aggregation: each "
+                             "silo would send other tensors, and masked vectors only add up when every silo sends "
+                             "all shared tensors (upload = \"all\")")
+        if x.download != "all":
+            raise ValueError(f"exchange.download = {x.download!r} cannot run with federation.secure_aggregation: a "
+                             "silo's update is taken against what it received, so it must receive every shared "
+                             "tensor (download = \"all\")")
+        decoded = [t["name"] for t in x.upload_transforms if UPLOAD_TRANSFORMS.get(t["name"]).decode is not None]
+        if decoded:
+            raise ValueError(f"exchange.upload_transforms: {decoded[0]!r} is undone on the server per silo, which "
+                             f"federation.secure_aggregation does not allow ({why})")
+        if not AGGREGATIONS.get(f.aggregation).weighted:
+            raise ValueError(f"federation.aggregation = {f.aggregation!r} needs every update apart (a coordinate-"
+                             f"wise robust rule); {why}: use aggregation = \"mean\"")
+        fields = FederationConfig.model_fields
+        for key in ("clip_norm", "max_client_weight", "max_weight_ratio", "max_update_ratio"):
+            value = getattr(f, key)
+            if value not in (None, "off") and value != fields[key].default:
+                raise ValueError(f"federation.{key} = {_fmt(value)} cannot apply with federation.secure_aggregation: "
+                                 f"it bounds one silo's update or weight, and {why}; leave it out (to clip updates, "
+                                 "clip on the silos: exchange.upload_transforms = [{name = \"clip\", max_norm = …}])")
+        silos = len(self.task.client_names())
+        per_round = min(silos, f.sample_count or max(1, round(f.sample_fraction * silos)))
+        need = secure.threshold or per_round // 2 + 1
+        if per_round < 2 or need > per_round:
+            raise ValueError(f"federation.secure_aggregation: {per_round} silo(s) per round cannot hide one update "
+                             f"in a sum of at least {max(need, 2)} (threshold {need}); use more silos or a lower threshold")
         return self
 
     @model_validator(mode="after")

@@ -20,6 +20,7 @@ from fedsilo.config import RunConfig, saved_tokenizer
 from fedsilo.config import TOKENIZER_DIR as _TOKENIZER_DIR
 from fedsilo.core.aggregate import AGGREGATIONS, Aggregation
 from fedsilo.core.exchange import DOWNLOADS, OVERWRITES, SELECTORS, ExchangePlan, matches
+from fedsilo.core.masking import Layout
 from fedsilo.core.server_opt import ServerOptimizer
 from fedsilo.core.tensors import Tensors
 from fedsilo.core.transforms import UPLOAD_TRANSFORMS
@@ -159,6 +160,17 @@ def members(cfg: RunConfig, task) -> list[tuple[str, list, object]]:
     return [(c, task.examples(c, "train"), cfg.client_config(c)) for c in task.clients]
 
 
+def secure_upload(cfg: RunConfig, model, plan: ExchangePlan) -> tuple | None:
+    """What a silo needs to build its masked vector: the layout of the shared tensors, the weighting
+    policy and the statistic it reads (None without secure aggregation)."""
+    if cfg.federation.secure_aggregation is None:
+        return None
+    policy = WEIGHTINGS.get(cfg.federation.weighting)
+    shared, _ = plan.split(federated_parameters(model))
+    like = dict(model.named_parameters())
+    return Layout.of(like, shared, policy), policy, cfg.federation.weighting_stat or policy.reads
+
+
 def build_client(cfg: RunConfig, task, model, store: ClientStore, name: str, index: int, examples,
                  client_cfg, initial: Tensors, plan: ExchangePlan | None = None) -> SiloClient:
     if not examples:
@@ -171,10 +183,12 @@ def build_client(cfg: RunConfig, task, model, store: ClientStore, name: str, ind
         raise ConfigError(f"client.dp: the {task.name} task gives no per-example losses (example_losses, "
                           "rows_per_example), which DP-SGD clips")
     try:
-        return SiloClient(name, index, examples, task, client_cfg, model, plan or exchange_plan(cfg), store, initial,
+        plan = plan or exchange_plan(cfg)
+        return SiloClient(name, index, examples, task, client_cfg, model, plan, store, initial,
                           persist_optimizer=cfg.persist_optimizer,
                           token_cache=default_cache_dir() if cfg.engine.token_cache else None,
-                          precision=cfg.model.precision, rounds=cfg.federation.rounds)
+                          precision=cfg.model.precision, rounds=cfg.federation.rounds,
+                          secure=secure_upload(cfg, model, plan))
     except TypeError as err:  # an objective the task cannot serve
         raise ConfigError(f"client.objective = {client_cfg.objective!r}: {err}") from None
 

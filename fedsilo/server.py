@@ -16,6 +16,7 @@ import torch
 
 from fedsilo.core.aggregate import AGGREGATIONS, ROBUST_MIN_CLIENTS, Aggregation, RoundAggregator
 from fedsilo.core.exchange import ExchangePlan
+from fedsilo.core.masking import Layout, mean_from_sum
 from fedsilo.core.messages import ClientUpdate
 from fedsilo.core.server_opt import ServerOptimizer
 from fedsilo.core.tensors import Tensors, clone, is_finite, nbytes, numel
@@ -116,6 +117,7 @@ class Server:
                                     options=self.aggregation.options, max_weight=self.max_client_weight,
                                     max_ratio=self.max_weight_ratio)
         self._record, self._sent, self._sent_params, self._pending = {}, {}, {}, []
+        self._secure, self._secure_delta = None, None
 
     def payload(self, client: str) -> Tensors:
         """The tensors this client receives this round; their bytes are counted as sent."""
@@ -150,6 +152,35 @@ class Server:
         if not math.isfinite(norm):
             return None, "the update's difference to the global tensors overflows", None
         return delta, None, norm
+
+    def secure_layout(self) -> Layout:
+        """The layout every silo's masked vector has (the same shared tensors, the same policy)."""
+        return Layout.of(self.params, list(self.params), self.weighting.value)
+
+    def receive_sum(self, total, layout, updates: dict[str, ClientUpdate], protocol: dict) -> str | None:
+        """Secure aggregation: the sum of the `updates`' masked vectors (the server never had one alone).
+        Each silo's entry keeps its numbers that were not masked (size, steps, seconds, its DP accountant).
+        Returns why the sum cannot be used, or None."""
+        for client, update in updates.items():
+            self._record[client] = {
+                "n_examples": update.n_examples, "steps": update.steps, "seconds": update.seconds, "weight": None,
+                "bytes_up": 8 * layout.length, "bytes_down": self._sent.get(client, 0),
+                "params_up": layout.width, "params_down": self._sent_params.get(client, 0), "secure": True,
+                **({"privacy": {k: _json_number(v) for k, v in update.privacy.items()}} if update.privacy else {}),
+            }
+        self._secure = {"silos": sorted(updates), **protocol}
+        try:
+            self._secure_delta = mean_from_sum(total, layout, self.params)
+        except ValueError as err:
+            self._secure["failed"] = str(err)
+            return str(err)
+        for client in updates:
+            self.uploaded[client] = list(layout.names)
+        return None
+
+    def secure_failed(self, reason: str, updates: dict[str, ClientUpdate] | None = None) -> None:
+        """The round's secure sum could not be formed (too few silos finished the protocol)."""
+        self._secure = {"silos": sorted(updates or {}), "failed": reason}
 
     def receive(self, client: str, update: ClientUpdate) -> str | None:
         """Take one client's update; returns a rejection reason, or None. With `max_update_ratio` the
@@ -230,6 +261,8 @@ class Server:
     def end_round(self) -> dict:
         """Aggregate and step the server optimiser — unless the result would break the global
         tensors: then the round is skipped (recorded with the reason). Returns the round's record."""
+        if self._secure is not None:
+            return self._end_secure_round()
         late = self._screen()
         delta, weights = self._agg.finish()
         for i, client in enumerate(self._agg.clients):
@@ -266,6 +299,29 @@ class Server:
             record["not_robust"] = (f"{self.aggregation.name} of {len(self._agg.clients)} update(s) is their mean: "
                                     f"a robust rule needs at least {ROBUST_MIN_CLIENTS}")
         self._agg = None
+        return record
+
+    def _end_secure_round(self) -> dict:
+        """Step with the secure sum's mean, unless it failed or would break the global tensors."""
+        delta = self._secure_delta
+        if delta is None:
+            skipped = f"secure aggregation: {self._secure.get('failed', 'no sum')}"
+        elif not is_finite(delta):
+            skipped = "the aggregate of the accepted updates is not finite"
+        else:
+            skipped = self.optimizer.check_step(self.params, delta, self.max_step_ratio)
+        if skipped is None:
+            with torch.no_grad():
+                self.optimizer.step(self.params, delta)
+        record = {"weighting": self.weighting.name, "aggregation": "secure mean", "fallback": None,
+                  "applied": skipped is None, "clients": self._record, "secure": self._secure,
+                  "bytes_up": sum(c["bytes_up"] for c in self._record.values()),
+                  "bytes_down": sum(self._sent.values()),
+                  "params_up": sum(c["params_up"] for c in self._record.values()),
+                  "params_down": sum(self._sent_params.values()), "sent": dict(self._sent)}
+        if skipped:
+            record["skipped"] = skipped
+        self._agg, self._secure, self._secure_delta = None, None, None
         return record
 
     def state_dict(self) -> dict:

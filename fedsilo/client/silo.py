@@ -7,6 +7,8 @@ previous round, personal models), its optimiser state when that persists, and sm
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -15,6 +17,7 @@ from typing import Any
 import torch
 
 from fedsilo.core.exchange import ExchangePlan, SelectionContext
+from fedsilo.core.masking import weighted_vector
 from fedsilo.core.messages import ClientUpdate
 from fedsilo.core.tensors import Tensors
 from fedsilo.core.transforms import (SILO_CHECKS, RoundInstructions, SiloRefused, TransformContext, encode,
@@ -56,8 +59,9 @@ class SiloClient:
     def __init__(self, name: str, index: int, examples: Sequence, task: Any, cfg: ClientConfig,
                  model: torch.nn.Module, plan: ExchangePlan, store: ClientStore, initial: Tensors,
                  persist_optimizer: bool = False, token_cache: Path | None = None, precision: str = "fp32",
-                 rounds: int = 1) -> None:
+                 rounds: int = 1, secure: tuple | None = None) -> None:
         self.name, self.index = name, index
+        self.secure = secure  # secure aggregation: (masking.Layout, WeightingPolicy, the statistic it reads)
         self.rounds = rounds  # the run's federation.rounds: the length of a `run`-span lr schedule
         self.examples, self.task, self.cfg = examples, task, cfg
         self.model, self.plan, self.store = model, plan, store
@@ -185,16 +189,27 @@ class SiloClient:
                 AfterContext(self, received, state.slot(slot), examples, run_seed, on_step), self.after.options)
             phases[slot] = time.perf_counter() - began
         self.store.put(self.name, ClientState(slots, meta))
+        lr_last = result.lr if self.cfg.lr_schedule != "constant" else None
         if budget is not None:  # what leaves: the noisy model and the accountant's ε; no loss computed on records
-            return ClientUpdate(values, len(self.examples), result.steps, seconds=time.perf_counter() - start,
-                                phase_seconds=phases, lr_last=result.lr if self.cfg.lr_schedule != "constant" else None,
-                                transforms=transformed, privacy=budget.record())
-        # n: the silo's own data (FedAvg's n_k, what it registered), not counting pseudo-labelled extras
-        return ClientUpdate(values, len(self.examples), result.steps, result.losses, time.perf_counter() - start,
-                            delta_loss=result.delta_loss, mean_loss=result.mean_loss, terms=result.terms,
-                            personal_terms=personal_terms, phase_seconds=phases,
-                            lr_last=result.lr if self.cfg.lr_schedule != "constant" else None,
-                            transforms=transformed)
+            update = ClientUpdate(values, len(self.examples), result.steps, seconds=time.perf_counter() - start,
+                                  phase_seconds=phases, lr_last=lr_last, transforms=transformed,
+                                  privacy=budget.record())
+        else:  # n: the silo's own data (FedAvg's n_k, what it registered), not counting pseudo-labelled extras
+            update = ClientUpdate(values, len(self.examples), result.steps, result.losses,
+                                  time.perf_counter() - start, delta_loss=result.delta_loss,
+                                  mean_loss=result.mean_loss, terms=result.terms, personal_terms=personal_terms,
+                                  phase_seconds=phases, lr_last=lr_last, transforms=transformed)
+        return self._masked(update, received) if self.secure is not None else update
+
+    def _masked(self, update: ClientUpdate, received: Tensors) -> ClientUpdate:
+        """Secure aggregation: the weighted update as one vector for the mask (fedsilo.core.masking); its
+        weight and every loss statistic stay inside it."""
+        layout, policy, stat = self.secure
+        value = update.statistic(stat) if stat else math.nan
+        delta = {k: update.tensors[k].double() - received[k].double() for k in layout.names if k in update.tensors}
+        vector = weighted_vector(delta, update.n_examples, value, policy, layout)
+        return dataclasses.replace(update, tensors={}, losses=[], delta_loss=math.nan, mean_loss=math.nan, terms={},
+                                   personal_terms={}, secure_input=vector)
 
     def _train(self, items, collate, lengths, received: Tensors, run_seed: int, steps_done: int, restore, on_step,
                schedule_start: int, schedule_total: int):

@@ -27,6 +27,8 @@ class ClientUpdate:
     lr_last: float | None = None    # an lr schedule's rate at the last optimiser step (None: constant rate)
     transforms: list[dict] = field(default_factory=list)  # what each upload transform did ({"name": …, …})
     privacy: dict[str, float] = field(default_factory=dict)  # DP-SGD: the silo's ε so far, δ, σ, q, steps
+    secure_input: object = None  # secure aggregation: its weighted vector (fedsilo.core.masking), masked before
+                                 # it leaves; `tensors` and every loss statistic are then empty
 
     def statistic(self, name: str) -> float:
         """The number a weighting policy reads: delta_loss, mean_loss or loss/<term> (NaN when absent)."""

@@ -12,9 +12,10 @@ import torch
 
 from fedsilo.client.silo import SiloClient, load_tensors
 from fedsilo.client.store import ClientStore
-from fedsilo.config import RunConfig
+from fedsilo.config import RunConfig, SecureAggregationConfig
 from fedsilo.core.exchange import ExchangePlan
 from fedsilo.core.transforms import SiloRefused
+from fedsilo.engines.secure import sum_in_process
 from fedsilo.engines.workers import WorkerPool, resolve_threads, resolve_workers, threads_per_worker
 from fedsilo.models.precision import autocast
 from fedsilo.progress import Progress
@@ -25,17 +26,26 @@ from fedsilo.tasks.base import CrossDomain
 
 
 def run_round(server: Server, clients: dict[str, SiloClient], sampled: list[str], round_idx: int, seed: int,
-              progress: Progress | None = None, pool: WorkerPool | None = None) -> dict:
+              progress: Progress | None = None, pool: WorkerPool | None = None,
+              secure: SecureAggregationConfig | None = None) -> dict:
     """Send, train, receive, aggregate. Returns the round record (without evaluation)."""
     start = time.perf_counter()
     server.begin_round(round_idx)
     for client in clients.values():
         client.store.set_round(round_idx)
+    masked: dict = {}  # secure aggregation: the silos' vectors, summed under the mask below
+
+    def deliver(name, update):
+        if update.secure_input is not None:
+            masked[name] = update
+            return None
+        return server.receive(name, update)
+
     if pool is not None and len(sampled) > 1:
         if progress:
             progress.begin(f"round {round_idx} · {len(sampled)} clients in {pool.workers} workers",
                            sum(clients[n].planned_steps() for n in sampled))
-        pool.run_round(server, clients, sampled, round_idx, seed, progress)
+        pool.run_round(server, clients, sampled, round_idx, seed, progress, deliver)
     else:
         for name in sampled:
             client = clients[name]
@@ -44,11 +54,15 @@ def run_round(server: Server, clients: dict[str, SiloClient], sampled: list[str]
             try:
                 update = client.fit(round_idx, server.payload(name), seed,
                                     on_step=progress.advance if progress else None)
-                reason = server.receive(name, update)
+                reason = deliver(name, update)
             except SiloRefused as err:
                 reason = server.reject(name, f"refused by the silo: {err}", key="refused", final=err.final)
             if reason and progress:
                 progress.warn(f"round {round_idx}: rejected {name}: {reason}")
+    if secure is not None:
+        reason = sum_in_process(server, masked, sampled, secure, f"{seed}/{round_idx}")
+        if reason and progress:
+            progress.warn(f"round {round_idx}: {reason}")
     record = server.end_round()
     record.update(round=round_idx, sampled=sampled, missing=[])
     record["seconds"] = time.perf_counter() - start
@@ -83,7 +97,8 @@ class LocalEngine:
             workers = min(self.workers, len(sampled))
             self._pool = WorkerPool(self.clients, workers, threads_per_worker(self.threads, workers), self.device,
                                     self.cfg.model_dump(exclude_none=True))
-        record = run_round(server, self.clients, sampled, round_idx, self.cfg.seed, progress, self._pool)
+        record = run_round(server, self.clients, sampled, round_idx, self.cfg.seed, progress, self._pool,
+                           self.cfg.federation.secure_aggregation)
         workers = self._pool.workers if parallel else 1
         record["compute"] = {"workers": workers, "threads_per_client": threads_per_worker(self.threads, workers)}
         return record

@@ -214,7 +214,7 @@ class WorkerPool:
                                                   ctx.Value("i", 0), os.getpid()))
 
     def run_round(self, server: Server, clients: dict, sampled: Sequence[str], round_idx: int, seed: int,
-                  progress: Progress | None) -> None:
+                  progress: Progress | None, deliver=None) -> None:
         """Train `sampled` in the pool and fold each update (and save each state) in the sampled order.
 
         A worker takes the next client as soon as it is free, not when the client before it in the
@@ -243,7 +243,7 @@ class WorkerPool:
                     state = unshare_state(state)
                     if state is not None:
                         clients[name].store.put(name, state)
-                    reason = server.receive(name, update)
+                    reason = (deliver or server.receive)(name, update)
                 if reason and progress:
                     progress.warn(f"round {round_idx}: rejected {name}: {reason}")
         except BrokenProcessPool:

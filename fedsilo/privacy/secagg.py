@@ -202,6 +202,32 @@ class SecAggClient:
         self._shares: dict[str, tuple[bytes, bytes]] = {}  # owner: (share of its s key, share of its b)
         self._stage = 2  # the stage that runs next; advertise_keys may repeat
 
+    def to_state(self) -> bytes:
+        """This client's whole state (its secret keys included) as JSON bytes, for an engine whose stages may
+        reach the silo in different processes: it keeps them on the silo's own disk between stages."""
+        return json.dumps({
+            "name": self.name, "clients": list(self.index), "threshold": self.settings.threshold,
+            "step": self.settings.step, "round_id": self.round_id, "stage": self._stage,
+            "c_key": self._c_key.private_bytes_raw().hex(), "s_key": self._s_key.private_bytes_raw().hex(),
+            "b": self._b.hex(),
+            "public_keys": {n: {k: v.hex() for k, v in keys.items()} for n, keys in self._public_keys.items()},
+            "shares": {n: [a.hex(), b.hex()] for n, (a, b) in self._shares.items()},
+        }).encode()
+
+    @classmethod
+    def from_state(cls, data: bytes) -> "SecAggClient":
+        state = json.loads(data)
+        client = cls(state["name"], state["clients"], SecAggSettings(state["threshold"], state["step"]),
+                     state["round_id"])
+        client._c_key = X25519PrivateKey.from_private_bytes(bytes.fromhex(state["c_key"]))
+        client._s_key = X25519PrivateKey.from_private_bytes(bytes.fromhex(state["s_key"]))
+        client._b = bytes.fromhex(state["b"])
+        client._public_keys = {n: {k: bytes.fromhex(v) for k, v in keys.items()}
+                               for n, keys in state["public_keys"].items()}
+        client._shares = {n: (bytes.fromhex(a), bytes.fromhex(b)) for n, (a, b) in state["shares"].items()}
+        client._stage = int(state["stage"])
+        return client
+
     def _at(self, stage: int, what: str) -> None:
         """Each stage runs once and in order (a second masked input would reveal x1 - x2); a stage
         that raises has not run."""

@@ -21,7 +21,10 @@ from fedsilo.core.transforms import SiloRefused
 from fedsilo.models.precision import autocast
 from fedsilo.runs.datacheck import check_at_start
 
-from .codec import from_arrays, refusal_to_content, rows_to_record, update_to_content
+from fedsilo.fileio import atomic_write_bytes
+
+from .codec import (from_arrays, masked_to_content, pack, pack_shares, refusal_to_content, rows_to_record, unpack,
+                    unpack_keys, update_to_content)
 
 app = ClientApp()
 
@@ -118,7 +121,67 @@ def train(message: Message, context: Context) -> Message:
         update = silo.client.fit(round_idx, from_arrays(message.content["arrays"]), silo.cfg.seed)
     except SiloRefused as err:  # the silo's own check: no arrays in the reply, only why
         return Message(refusal_to_content(str(err), silo.name, err.final), reply_to=message)
+    if update.secure_input is not None:  # masked here, on the silo, with the keys it shared this round
+        protocol = _secagg(silo, conf)
+        masked = protocol.masked_input(update.secure_input, unpack(message.content["secagg"], "from"))
+        _keep_secagg(silo, conf, protocol)
+        return Message(masked_to_content(update, masked, silo.name), reply_to=message)
     return Message(update_to_content(update, silo.name), reply_to=message)
+
+
+# ---- secure aggregation (fedsilo.privacy.secagg): the silo's side of stages 1, 2 and 4 ---------------
+# A stage may reach this silo in another process (Flower's simulation reuses workers across nodes), so
+# the protocol client is kept between stages in the silo's own state folder and deleted after stage 4.
+
+def _secagg_path(silo: Silo, conf) -> Path:
+    return silo.store.root / "secagg" / f"round-{int(conf['round'])}.json"
+
+
+def _secagg(silo: Silo, conf):
+    from fedsilo.privacy.secagg import SecAggClient
+    path = _secagg_path(silo, conf)
+    if not path.is_file():
+        raise ConfigError(f"secure aggregation: {silo.name} holds no keys of round {int(conf['round'])} "
+                          "(its stage-1 state is gone)")
+    return SecAggClient.from_state(path.read_bytes())
+
+
+def _keep_secagg(silo: Silo, conf, protocol) -> None:
+    path = _secagg_path(silo, conf)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # secret keys: the silo's operator only
+    atomic_write_bytes(path, protocol.to_state())
+
+
+@app.query("secagg_keys")
+def secagg_keys(message: Message, context: Context) -> Message:
+    from fedsilo.engines.secure import protocol_settings
+    from fedsilo.privacy.secagg import SecAggClient
+    silo = silo_for(message, context)
+    conf = message.content["config"]
+    protocol = SecAggClient(silo.name, list(conf["silos"]), protocol_settings(silo.cfg.federation.secure_aggregation),
+                            str(conf["protocol-round"]))
+    _keep_secagg(silo, conf, protocol)
+    return Message(RecordDict({"secagg": ConfigRecord(protocol.advertise_keys())}), reply_to=message)
+
+
+@app.query("secagg_share")
+def secagg_share(message: Message, context: Context) -> Message:
+    silo = silo_for(message, context)
+    conf = message.content["config"]
+    protocol = _secagg(silo, conf)
+    packets = protocol.share_keys(unpack_keys(message.content["secagg"]))
+    _keep_secagg(silo, conf, protocol)
+    return Message(RecordDict({"secagg": pack(packets, "to")}), reply_to=message)
+
+
+@app.query("secagg_unmask")
+def secagg_unmask(message: Message, context: Context) -> Message:
+    silo = silo_for(message, context)
+    conf = message.content["config"]
+    protocol = _secagg(silo, conf)
+    shares = protocol.unmask(list(conf["survivors"]), list(conf["dropped"]))
+    _secagg_path(silo, conf).unlink(missing_ok=True)  # the round's keys are of no further use
+    return Message(RecordDict({"secagg": pack_shares(shares)}), reply_to=message)
 
 
 @app.evaluate()

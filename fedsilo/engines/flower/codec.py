@@ -49,6 +49,52 @@ def update_to_content(update: ClientUpdate, silo: str) -> RecordDict:
     })
 
 
+def masked_to_content(update: ClientUpdate, masked, silo: str) -> RecordDict:
+    """A silo's reply under secure aggregation: its masked vector and the numbers the mask does not hold."""
+    content = update_to_content(update, silo)
+    content["arrays"] = ArrayRecord({"masked": Array(masked)})
+    return content
+
+
+def content_to_masked(content: RecordDict):
+    """(the update's unmasked numbers, its masked uint64 vector); `MalformedReply` when it has none."""
+    update = content_to_update(content)
+    masked = update.tensors.pop("masked", None)
+    if masked is None or update.tensors or masked.dtype != torch.uint64 or masked.dim() != 1:
+        raise MalformedReply("the reply holds no masked vector (one uint64 array named 'masked')")
+    return update, masked.numpy()
+
+
+def pack(values: dict[str, bytes], prefix: str) -> ConfigRecord:
+    """{name: bytes} as one record, keys '<prefix>:<name>' (silo names may hold any characters)."""
+    return ConfigRecord({f"{prefix}:{name}": value for name, value in values.items()})
+
+
+def unpack(record, prefix: str) -> dict[str, bytes]:
+    try:
+        return {k[len(prefix) + 1:]: bytes(v) for k, v in record.items() if k.startswith(prefix + ":")}
+    except (AttributeError, TypeError) as err:
+        raise MalformedReply(f"unreadable secure aggregation record: {err}") from None
+
+
+def pack_keys(public_keys: dict[str, dict[str, bytes]]) -> ConfigRecord:
+    return ConfigRecord({f"{kind}:{name}": key for name, keys in public_keys.items() for kind, key in keys.items()})
+
+
+def unpack_keys(record) -> dict[str, dict[str, bytes]]:
+    c, s = unpack(record, "c_pk"), unpack(record, "s_pk")
+    return {name: {"c_pk": c[name], "s_pk": s[name]} for name in c if name in s}
+
+
+def pack_shares(shares: dict) -> ConfigRecord:
+    return ConfigRecord({**{f"b:{o}": v for o, v in shares["self_mask_shares"].items()},
+                         **{f"s:{o}": v for o, v in shares["mask_key_shares"].items()}})
+
+
+def unpack_shares(record) -> dict:
+    return {"self_mask_shares": unpack(record, "b"), "mask_key_shares": unpack(record, "s")}
+
+
 def refusal_to_content(reason: str, silo: str, final: bool = False) -> RecordDict:
     """A silo's answer when its own check refused the round: the reason (and whether it refuses every
     later round too), no tensors."""

@@ -16,8 +16,11 @@ from fedsilo.errors import ConfigError, RunFailed
 from fedsilo.progress import Progress
 from fedsilo.server import Server
 
-from .codec import (MalformedReply, carried_bytes, content_to_rows, content_to_update, count, refusal_in,
-                    to_arrays)
+from fedsilo.engines.secure import protocol_settings
+from fedsilo.privacy.secagg import SecAggServer
+
+from .codec import (MalformedReply, carried_bytes, content_to_masked, content_to_rows, content_to_update, count, pack,
+                    pack_keys, refusal_in, to_arrays, unpack, unpack_shares)
 
 
 class FlowerEngine:
@@ -94,6 +97,8 @@ class FlowerEngine:
         return replies, missing
 
     def train_round(self, server: Server, sampled: list[str], round_idx: int, progress: Progress | None) -> dict:
+        if self.cfg.federation.secure_aggregation is not None:
+            return self._secure_round(server, sampled, round_idx, progress)
         start = time.perf_counter()
         server.begin_round(round_idx)
         if progress:
@@ -129,6 +134,66 @@ class FlowerEngine:
         record["seconds"] = time.perf_counter() - start
         if missing and progress:
             progress.warn(f"round {round_idx}: no update from {', '.join(sorted(missing))}")
+        return record
+
+    def _stage(self, to: list[str], action: str, round_idx: int, records: dict[str, RecordDict] | None = None,
+               **config) -> tuple[dict, dict]:
+        """One secure-aggregation query to silos `to` ({silo: extra records}); ({silo: reply content}, missing)."""
+        conf = self._config(round=round_idx, **config)
+        contents = {s: RecordDict({"config": conf, **(records or {}).get(s, {})}) for s in to}
+        replies, missing = self._exchange(to, f"query.{action}", contents, f"{round_idx}-{action}")
+        return {s: r.content for s, r in replies.items()}, missing
+
+    def _secure_round(self, server: Server, sampled: list[str], round_idx: int, progress: Progress | None) -> dict:
+        """SecAgg over Flower messages (fedsilo.privacy.secagg): keys, shared keys, training with the
+        masked vector, unmasking; the server object is handed only the sum. A silo that answers no stage
+        is left out of the later ones: after stage 2 it is a dropout the sum recovers from."""
+        start = time.perf_counter()
+        server.begin_round(round_idx)
+        if progress:
+            progress.begin(f"round {round_idx} · {len(sampled)} silos over Flower, secure aggregation", len(sampled))
+        layout = server.secure_layout()
+        round_id = f"{self.run_key}/{round_idx}"
+        protocol = SecAggServer(sampled, protocol_settings(self.cfg.federation.secure_aggregation), layout.length,
+                                round_id)
+        missing: dict[str, str] = {}
+        updates: dict[str, object] = {}
+        try:
+            replies, gone = self._stage(sampled, "secagg_keys", round_idx, silos=list(sampled), **{"protocol-round": round_id})
+            missing.update(gone)
+            keys = protocol.collect_keys({s: {k: bytes(v) for k, v in c["secagg"].items()} for s, c in replies.items()})
+            replies, gone = self._stage(list(keys), "secagg_share", round_idx, {s: {"secagg": pack_keys(keys)} for s in keys})
+            missing.update(gone)
+            inboxes = protocol.route_packets({s: unpack(c["secagg"], "to") for s, c in replies.items()})
+            config = self._config(round=round_idx, keep=list(self.keep))
+            contents = {s: RecordDict({"arrays": to_arrays(server.payload(s)), "config": config,
+                                       "secagg": pack(inboxes[s], "from")}) for s in inboxes}
+            replies, gone = self._exchange(list(inboxes), "train", contents, str(round_idx))
+            missing.update(gone)
+            masked = {}
+            for silo, reply in replies.items():
+                refused = refusal_in(reply.content)
+                if refused is not None:
+                    server.reject(silo, f"refused by the silo: {refused[0]}", key="refused", final=refused[1])
+                    continue
+                try:
+                    updates[silo], masked[silo] = content_to_masked(reply.content)
+                except MalformedReply as err:
+                    server.reject(silo, str(err))
+            request = protocol.unmask_request(masked)
+            replies, gone = self._stage(request["survivors"], "secagg_unmask", round_idx, **request)
+            missing.update(gone)
+            total = protocol.aggregate(masked, {s: unpack_shares(c["secagg"]) for s, c in replies.items()})
+            server.receive_sum(total, layout, {s: updates[s] for s in request["survivors"]}, request)
+        except (ValueError, KeyError, MalformedReply) as err:
+            server.secure_failed(str(err), updates)
+            if progress:
+                progress.warn(f"round {round_idx}: secure aggregation failed: {err}")
+        record = server.end_round()
+        record.update(round=round_idx, sampled=sampled, missing=sorted(missing), missing_reasons=missing)
+        record["seconds"] = time.perf_counter() - start
+        if missing and progress:
+            progress.warn(f"round {round_idx}: no answer from {', '.join(sorted(missing))}")
         return record
 
     def evaluate(self, server: Server, split: str, progress: Progress | None, final: bool = False) -> list[dict]:
