@@ -311,34 +311,34 @@ class RunConfig(Strict):
         f, x = self.federation, self.exchange
         why = "the server sees only the sum of the silos' masked updates"
         if not self.participation.federates:
-            raise ValueError(f"federation.secure_aggregation: paradigm {self.paradigm!r} does not federate")
+            raise SectionError(f"federation.secure_aggregation: paradigm {self.paradigm!r} does not federate")
         if x.upload != "all":
-            raise ValueError(f"exchange.upload = {x.upload!r} cannot run with federation.secure_aggregation: each "
+            raise SectionError(f"exchange.upload = {x.upload!r} cannot run with federation.secure_aggregation: each "
                              "silo would send other tensors, and masked vectors only add up when every silo sends "
                              "all shared tensors (upload = \"all\")")
         if x.download != "all":
-            raise ValueError(f"exchange.download = {x.download!r} cannot run with federation.secure_aggregation: a "
+            raise SectionError(f"exchange.download = {x.download!r} cannot run with federation.secure_aggregation: a "
                              "silo's update is taken against what it received, so it must receive every shared "
                              "tensor (download = \"all\")")
         decoded = [t["name"] for t in x.upload_transforms if UPLOAD_TRANSFORMS.get(t["name"]).decode is not None]
         if decoded:
-            raise ValueError(f"exchange.upload_transforms: {decoded[0]!r} is undone on the server per silo, which "
+            raise SectionError(f"exchange.upload_transforms: {decoded[0]!r} is undone on the server per silo, which "
                              f"federation.secure_aggregation does not allow ({why})")
         if not AGGREGATIONS.get(f.aggregation).weighted:
-            raise ValueError(f"federation.aggregation = {f.aggregation!r} needs every update apart (a coordinate-"
+            raise SectionError(f"federation.aggregation = {f.aggregation!r} needs every update apart (a coordinate-"
                              f"wise robust rule); {why}: use aggregation = \"mean\"")
         fields = FederationConfig.model_fields
         for key in ("clip_norm", "max_client_weight", "max_weight_ratio", "max_update_ratio"):
             value = getattr(f, key)
             if value not in (None, "off") and value != fields[key].default:
-                raise ValueError(f"federation.{key} = {_fmt(value)} cannot apply with federation.secure_aggregation: "
+                raise SectionError(f"federation.{key} = {_fmt(value)} cannot apply with federation.secure_aggregation: "
                                  f"it bounds one silo's update or weight, and {why}; leave it out (to clip updates, "
                                  "clip on the silos: exchange.upload_transforms = [{name = \"clip\", max_norm = …}])")
         silos = len(self.task.client_names())
         per_round = min(silos, f.sample_count or max(1, round(f.sample_fraction * silos)))
         need = secure.threshold or per_round // 2 + 1
         if per_round < 2 or need > per_round:
-            raise ValueError(f"federation.secure_aggregation: {per_round} silo(s) per round cannot hide one update "
+            raise SectionError(f"federation.secure_aggregation: {per_round} silo(s) per round cannot hide one update "
                              f"in a sum of at least {max(need, 2)} (threshold {need}); use more silos or a lower threshold")
         return self
 
@@ -350,11 +350,11 @@ class RunConfig(Strict):
             return self
         where = "client.dp" if self.client.dp is not None else f"clients.{silos[0]}.dp"
         if self.model.precision != "fp32":
-            raise ValueError(f"{where}: DP-SGD runs in fp32 here (Opacus's per-example gradients under "
+            raise SectionError(f"{where}: DP-SGD runs in fp32 here (Opacus's per-example gradients under "
                              f"model.precision = {self.model.precision!r} are not supported); set model.precision = \"fp32\"")
         stat = self.federation.weighting_stat or WEIGHTINGS.get(self.federation.weighting).reads
         if self.participation.federates and stat:
-            raise ValueError(f"federation.weighting = {self.federation.weighting!r} reads each silo's {stat}, a loss "
+            raise SectionError(f"federation.weighting = {self.federation.weighting!r} reads each silo's {stat}, a loss "
                              f"on its records that a silo under {where} does not send (it is not privatised); use "
                              "weighting = \"size\" or \"equal\"")
         return self
