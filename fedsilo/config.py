@@ -47,6 +47,26 @@ class SecureAggregationConfig(Strict):
                                                                    "exact to (silos) × step / 2")
 
 
+class SiloDPConfig(Strict):
+    """`[federation.silo_dp]`: each silo is one user of a DP guarantee on the global model (fedsilo.privacy.silo_dp)."""
+    mode: Literal["central", "distributed"] = Field(
+        "central", description="central: the server adds the noise to the aggregate; distributed: each silo adds "
+                               "its share (with secure aggregation the server sees only the noisy sum)")
+    clip: FiniteFloat = Field(gt=0, description="C: every silo's update is clipped to this L2 norm")
+    noise_multiplier: FiniteFloat | None = Field(None, gt=0, description="σ; None: derived from target_epsilon")
+    target_epsilon: FiniteFloat | None = Field(None, gt=0, description="ε over federation.rounds rounds; a round "
+                                                                        "that would pass it ends the run")
+    delta: FiniteFloat = Field(1e-5, gt=0, lt=1, description="δ (a few silos: 1/(10·silos) would be far too large)")
+    noise: Literal["secret", "seeded"] = Field("secret", description="seeded: reproducible from the run seed, and "
+                                                                     "removable by anyone who knows it")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "SiloDPConfig":
+        if self.target_epsilon is None and self.noise_multiplier is None:
+            raise ValueError("set target_epsilon (σ is derived from it) or noise_multiplier")
+        return self
+
+
 class FederationConfig(Strict):
     rounds: int = Field(3, gt=0, strict=True)
     sample_fraction: float = Field(1.0, gt=0, le=1)
@@ -74,6 +94,9 @@ class FederationConfig(Strict):
                             "(\"off\": no limit)")
     max_failed_rounds: int = Field(
         3, gt=0, strict=True, description="stop the run after this many rounds in a row applied no update")
+    silo_dp: SiloDPConfig | None = Field(
+        None, description="silo-level differential privacy: clipped updates, Gaussian noise, an accountant on the "
+                          "server (docs/privacy.md)")
     secure_aggregation: SecureAggregationConfig | None = Field(
         None, description="mask each silo's weighted update so the server learns only their sum (docs/privacy.md)")
 
@@ -340,6 +363,37 @@ class RunConfig(Strict):
         if per_round < 2 or need > per_round:
             raise SectionError(f"federation.secure_aggregation: {per_round} silo(s) per round cannot hide one update "
                              f"in a sum of at least {max(need, 2)} (threshold {need}); use more silos or a lower threshold")
+        return self
+
+    @model_validator(mode="after")
+    def _silo_dp_is_accountable(self) -> "RunConfig":
+        # The sensitivity w_max·C / W holds for public, fixed weights and one mean over every shared tensor.
+        dp = self.federation.silo_dp
+        if dp is None:
+            return self
+        f, x = self.federation, self.exchange
+        if not self.participation.federates:
+            raise SectionError(f"federation.silo_dp: paradigm {self.paradigm!r} does not federate")
+        allowed = ("equal",) if dp.mode == "distributed" else ("equal", "size")
+        if f.weighting not in allowed or f.weighting_stat:
+            why = ("each silo's share of the noise would depend on every other silo's weight" if f.weighting == "size"
+                   else "a weight computed from a silo's data is itself a release no noise covers, and bounds no "
+                        "silo's share of the aggregate")
+            raise SectionError(f"federation.weighting = {f.weighting!r} cannot be accounted with federation.silo_dp "
+                               f"(mode {dp.mode!r}): {why}; use weighting = " + " or ".join(f'"{w}"' for w in allowed))
+        if not AGGREGATIONS.get(f.aggregation).weighted:
+            raise SectionError(f"federation.aggregation = {f.aggregation!r}: silo-level DP is accounted for the mean")
+        if x.upload != "all" or x.download != "all":
+            key, value = ("upload", x.upload) if x.upload != "all" else ("download", x.download)
+            raise SectionError(f"exchange.{key} = {value!r}: silo-level DP needs every silo to receive and send every "
+                               "shared tensor (an update clipped against what it received, one denominator for all)")
+        fields = FederationConfig.model_fields
+        for key in ("clip_norm", "max_client_weight", "max_weight_ratio", "max_update_ratio"):
+            value = getattr(f, key)
+            if value not in (None, "off") and value != fields[key].default:
+                raise SectionError(f"federation.{key} = {_fmt(value)} cannot apply with federation.silo_dp: it would "
+                                   "change a silo's update or weight by the others', which the sensitivity bound does "
+                                   "not cover (federation.silo_dp.clip bounds each update)")
         return self
 
     @model_validator(mode="after")

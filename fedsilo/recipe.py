@@ -8,6 +8,7 @@ build through these functions, so they start from the same model, surgery, plan 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,8 @@ from fedsilo.core.weighting import WEIGHTINGS, WeightingPolicy
 from fedsilo.errors import ConfigError
 from fedsilo.models import MODEL_KINDS, SURGERIES
 from fedsilo.models.precision import check_precision, set_tf32
+from fedsilo.privacy.accountant import Budget, noise_for
+from fedsilo.privacy.silo_dp import SiloDP
 from fedsilo.registry import Policy
 from fedsilo.runs.rundir import init_tensors
 from fedsilo.server import Server
@@ -142,10 +145,24 @@ def build_server(cfg: RunConfig, model: torch.nn.Module, recipe: Recipe | None =
     opt = ServerOptimizer(s.optimizer, s.effective_lr, s.momentum, s.beta1, s.beta2, s.tau, v0=s.v0,
                           bias_correction=s.bias_correction)
     f = cfg.federation
+    dp = None
+    if f.silo_dp is not None:
+        sigma, clip, _ = silo_dp_plan(cfg)
+        dp = SiloDP(f.silo_dp.mode, clip, sigma, Budget(sigma, 1.0, f.silo_dp.delta, f.silo_dp.target_epsilon),
+                    seed=cfg.seed if f.silo_dp.noise == "seeded" else None)
     return Server({k: params[k].detach() for k in shared}, opt, recipe.weighting, recipe.plan, recipe.statistic,
                   aggregation=recipe.aggregation, max_client_weight=f.max_client_weight,
                   max_weight_ratio=_on(f.max_weight_ratio), clip_norm=f.clip_norm,
-                  max_update_ratio=_on(f.max_update_ratio), max_step_ratio=_on(f.max_step_ratio))
+                  max_update_ratio=_on(f.max_update_ratio), max_step_ratio=_on(f.max_step_ratio), silo_dp=dp)
+
+
+def silo_dp_plan(cfg: RunConfig) -> tuple[float, float, float]:
+    """(σ, C, the noise std each silo adds: σ·C/√m in distributed mode for m silos a round, else 0)."""
+    dp, f = cfg.federation.silo_dp, cfg.federation
+    sigma = dp.noise_multiplier or noise_for(dp.target_epsilon, dp.delta, 1.0, f.rounds)
+    silos = len(cfg.task.client_names())
+    per_round = min(silos, f.sample_count or max(1, round(f.sample_fraction * silos)))
+    return sigma, dp.clip, (sigma * dp.clip / math.sqrt(per_round) if dp.mode == "distributed" else 0.0)
 
 
 def _on(limit: float | str) -> float | None:
@@ -188,7 +205,9 @@ def build_client(cfg: RunConfig, task, model, store: ClientStore, name: str, ind
                           persist_optimizer=cfg.persist_optimizer,
                           token_cache=default_cache_dir() if cfg.engine.token_cache else None,
                           precision=cfg.model.precision, rounds=cfg.federation.rounds,
-                          secure=secure_upload(cfg, model, plan))
+                          secure=secure_upload(cfg, model, plan),
+                          silo_clip=silo_dp_plan(cfg)[1:] if cfg.federation.silo_dp is not None else None,
+                          seeded_noise=cfg.federation.silo_dp is not None and cfg.federation.silo_dp.noise == "seeded")
     except TypeError as err:  # an objective the task cannot serve
         raise ConfigError(f"client.objective = {client_cfg.objective!r}: {err}") from None
 

@@ -7,6 +7,7 @@ client may send a tensor it did not receive this round (partial downloads).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import random
 import statistics
@@ -22,6 +23,8 @@ from fedsilo.core.server_opt import ServerOptimizer
 from fedsilo.core.tensors import Tensors, clone, is_finite, nbytes, numel
 from fedsilo.core.transforms import decode
 from fedsilo.core.weighting import WeightingPolicy
+from fedsilo.privacy.accountant import Budget
+from fedsilo.privacy.silo_dp import SiloDP
 from fedsilo.registry import Policy
 
 
@@ -87,7 +90,7 @@ class Server:
                  aggregation: Policy[Aggregation] | None = None,
                  max_client_weight: float | None = None, max_weight_ratio: float | None = None,
                  clip_norm: float | None = None, max_update_ratio: float | None = None,
-                 max_step_ratio: float | None = None) -> None:
+                 max_step_ratio: float | None = None, silo_dp: SiloDP | None = None) -> None:
         self.params = clone(global_tensors)
         self.optimizer = optimizer
         self.weighting = weighting
@@ -98,6 +101,11 @@ class Server:
         self.max_client_weight = max_client_weight
         self.max_weight_ratio = max_weight_ratio if weighted else None  # robust rules count each client once
         self.clip_norm, self.max_update_ratio, self.max_step_ratio = clip_norm, max_update_ratio, max_step_ratio
+        self.sampled: list[str] = []
+        self.silo_dp = silo_dp  # silo-level DP: fixed denominator, central noise, the federation's accountant
+        if silo_dp is not None:  # the sensitivity bound covers one clipped update each, nothing decided by the others
+            self.max_update_ratio = self.max_weight_ratio = self.max_client_weight = None
+            self.clip_norm = silo_dp.clip if silo_dp.mode == "central" else None
         self.registered: dict[str, int] = {}  # silo → the number of examples it declared at the start
         self.uploaded: dict[str, list[str]] = {}  # per client: the names it uploaded last (download policies)
         self.round = 0
@@ -111,8 +119,9 @@ class Server:
         """Each silo's size as known before any round: the bound on the size it may report."""
         self.registered = dict(sizes)
 
-    def begin_round(self, round_idx: int) -> None:
+    def begin_round(self, round_idx: int, sampled: list[str] | None = None) -> None:
         self.round = round_idx
+        self.sampled = list(sampled or [])  # silo-level DP's fixed denominator: the public weights of these
         self._agg = RoundAggregator(self.weighting.value, like=self.params, rule=self.aggregation.value,
                                     options=self.aggregation.options, max_weight=self.max_client_weight,
                                     max_ratio=self.max_weight_ratio)
@@ -272,7 +281,9 @@ class Server:
                 entry["fallback"] = True
             if weights.capped[i]:
                 entry["capped"] = True
-        skipped = None
+        skipped, dp_record = None, None
+        if self.silo_dp is not None and self._agg.clients:
+            delta, dp_record = self._silo_dp(delta, [c for c, w in zip(self._agg.clients, weights.values) if w > 0])
         if not self._agg.clients:
             skipped = "no client update was accepted"
         elif not is_finite(delta):
@@ -292,6 +303,8 @@ class Server:
                   "sent": dict(self._sent)}
         if skipped:
             record["skipped"] = skipped
+        if dp_record:
+            record["silo_dp"] = dp_record
         if late:  # rejected against the round's other updates: the engines warn from the record
             record["rejected_at_end"] = late
         robust = self.aggregation.value.weighted is False
@@ -301,9 +314,19 @@ class Server:
         self._agg = None
         return record
 
+    def _silo_dp(self, mean: Tensors, accepted: list[str]) -> tuple[Tensors, dict]:
+        """Silo-level DP on the round's mean: its public weights (1, or the registered sizes)."""
+        def weight(c: str) -> float:
+            return 1.0 if self.weighting.name == "equal" else float(self.registered.get(c, 0))
+        sampled = self.sampled or accepted
+        return self.silo_dp.privatise(mean, {c: weight(c) for c in accepted}, {c: weight(c) for c in sampled},
+                                      self.round)
+
     def _end_secure_round(self) -> dict:
         """Step with the secure sum's mean, unless it failed or would break the global tensors."""
-        delta = self._secure_delta
+        delta, dp_record = self._secure_delta, None
+        if delta is not None and self.silo_dp is not None:
+            delta, dp_record = self._silo_dp(delta, self._secure["silos"])
         if delta is None:
             skipped = f"secure aggregation: {self._secure.get('failed', 'no sum')}"
         elif not is_finite(delta):
@@ -321,14 +344,22 @@ class Server:
                   "params_down": sum(self._sent_params.values()), "sent": dict(self._sent)}
         if skipped:
             record["skipped"] = skipped
+        if dp_record:
+            record["silo_dp"] = dp_record
         self._agg, self._secure, self._secure_delta = None, None, None
         return record
 
     def state_dict(self) -> dict:
-        return {"params": self.params, "optimizer": self.optimizer.state_dict(),
-                "uploaded": {c: ",".join(n) for c, n in self.uploaded.items()}}
+        state = {"params": self.params, "optimizer": self.optimizer.state_dict(),
+                 "uploaded": {c: ",".join(n) for c, n in self.uploaded.items()}}
+        if self.silo_dp is not None:  # the federation's accountant: a resume goes on from its history
+            state["silo_dp"] = json.dumps(self.silo_dp.budget.to_meta())
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.params = {k: v.clone() for k, v in state["params"].items()}
         self.optimizer.load_state_dict(state["optimizer"])
         self.uploaded = {c: (s.split(",") if s else []) for c, s in state.get("uploaded", {}).items()}
+        if self.silo_dp is not None:
+            self.silo_dp.budget = Budget.from_meta(json.loads(state["silo_dp"])) if "silo_dp" in state else \
+                Budget(self.silo_dp.noise_multiplier, 1.0, self.silo_dp.budget.delta, self.silo_dp.budget.target_epsilon)

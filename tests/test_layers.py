@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fedsilo"
 # (layer, module prefixes); a module belongs to the layer of its longest matching prefix.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("fedsilo", "fedsilo.errors", "fedsilo.fileio", "fedsilo.registry", "fedsilo.progress")),
-    ("core", ("fedsilo.core",)),
+    ("core", ("fedsilo.core", "fedsilo.privacy")),
     ("models", ("fedsilo.models",)),
     ("tasks", ("fedsilo.datafetch", "fedsilo.sources", "fedsilo.tasks")),
     ("client", ("fedsilo.client",)),

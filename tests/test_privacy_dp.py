@@ -12,7 +12,8 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification, MarianConfig, MarianMTModel
 
-from fedsilo.client.private import ORDERS, Budget, PrivateSGD, plan_budget
+from fedsilo.client.private import PrivateSGD, plan_budget
+from fedsilo.privacy.accountant import ORDERS, Budget
 from fedsilo.client.settings import DPSettings
 from fedsilo.config import ConfigError, validate
 from fedsilo.runs.runner import run_experiment

@@ -30,17 +30,15 @@ import math
 import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 
 import torch
-from opacus.accountants import RDPAccountant
-from opacus.accountants.utils import get_noise_multiplier
 from opacus.grad_sample import GradSampleModule, GradSampleModuleFastGradientClipping, register_grad_sampler
 from opacus.grad_sample.embedding import compute_embedding_grad_sample
 from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
 
 from fedsilo.core.tensors import Tensors
 from fedsilo.core.transforms import SiloRefused
+from fedsilo.privacy.accountant import Budget, noise_for
 
 from .settings import DPSettings
 
@@ -61,63 +59,6 @@ def embedding_grad_sample(layer: torch.nn.Embedding, activations, backprops) -> 
     return out
 
 
-ORDERS = tuple(range(2, 257))
-"""The Rényi orders the accountant composes over: integers, where Opacus's RDP of the subsampled Gaussian is
-the exact closed form (it equals Google's dp-accounting to 1e-12). At Opacus's default fractional orders
-below 2 its truncated series gives less than dp-accounting's converged value for σ < 1 (order 1.9, σ = 0.657,
-q = 0.25: 0.3953 against 0.3975), so an ε from them can be too small. Integer orders are conservative: for
-σ = 0.657, q = 0.25, 24 steps, δ = 1/320, ε = 15.23 here against 13.99 from dp-accounting's fine orders."""
-
-
-@dataclass
-class Budget:
-    """A silo's accountant: σ and q fixed at its first round, and the steps it has taken with them."""
-    noise_multiplier: float
-    sample_rate: float
-    delta: float
-    target_epsilon: float | None = None
-    history: list[tuple[float, float, int]] = field(default_factory=list)
-
-    def epsilon(self, more_steps: int = 0) -> float:
-        """ε at this δ after the steps taken (and `more_steps` more); 0 before any."""
-        history = list(self.history) + ([(self.noise_multiplier, self.sample_rate, more_steps)] if more_steps else [])
-        if not history:
-            return 0.0
-        accountant = RDPAccountant()
-        accountant.history = history
-        with warnings.catch_warnings():  # "optimal order is the smallest alpha": 2, by the choice above
-            warnings.filterwarnings("ignore", message="Optimal order is the")
-            return float(accountant.get_epsilon(delta=self.delta, alphas=ORDERS))
-
-    def spend(self, steps: int) -> None:
-        if not steps:
-            return
-        step = (self.noise_multiplier, self.sample_rate)
-        if self.history and tuple(self.history[-1][:2]) == step:
-            self.history[-1] = (*step, int(self.history[-1][2]) + steps)
-        else:
-            self.history.append((*step, steps))
-
-    @property
-    def steps(self) -> int:
-        return sum(int(h[2]) for h in self.history)
-
-    def to_meta(self) -> dict:
-        return {"noise_multiplier": self.noise_multiplier, "sample_rate": self.sample_rate, "delta": self.delta,
-                "target_epsilon": self.target_epsilon, "history": [list(h) for h in self.history]}
-
-    @classmethod
-    def from_meta(cls, meta: Mapping) -> "Budget":
-        return cls(float(meta["noise_multiplier"]), float(meta["sample_rate"]), float(meta["delta"]),
-                   meta.get("target_epsilon"), [(float(s), float(q), int(n)) for s, q, n in meta["history"]])
-
-    def record(self) -> dict:
-        """What rounds.jsonl and the server see: ε so far and how it was reached."""
-        return {"epsilon": self.epsilon(), "delta": self.delta, "noise_multiplier": self.noise_multiplier,
-                "sample_rate": self.sample_rate, "steps": self.steps,
-                **({"target_epsilon": self.target_epsilon} if self.target_epsilon is not None else {})}
-
-
 def plan_budget(settings: DPSettings, n_examples: int, batch_size: int, steps_per_round: int, rounds: int) -> Budget:
     """σ for this silo: given, or the smallest (within Opacus's 1% search) whose ε after `rounds` rounds of
     `steps_per_round` steps at q = batch_size / n stays within target_epsilon."""
@@ -125,11 +66,7 @@ def plan_budget(settings: DPSettings, n_examples: int, batch_size: int, steps_pe
     delta = settings.delta if settings.delta is not None else 1 / (10 * n_examples)
     sigma = settings.noise_multiplier
     if sigma is None:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Optimal order is the")
-            sigma = get_noise_multiplier(target_epsilon=settings.target_epsilon, target_delta=delta, sample_rate=q,
-                                         steps=steps_per_round * rounds, accountant="rdp", epsilon_tolerance=0.01,
-                                         alphas=ORDERS)
+        sigma = noise_for(settings.target_epsilon, delta, q, steps_per_round * rounds)
     return Budget(float(sigma), q, delta, settings.target_epsilon)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -18,6 +19,7 @@ import torch
 
 from fedsilo.core.exchange import ExchangePlan, SelectionContext
 from fedsilo.core.masking import weighted_vector
+from fedsilo.privacy.silo_dp import silo_noise
 from fedsilo.core.messages import ClientUpdate
 from fedsilo.core.tensors import Tensors
 from fedsilo.core.transforms import (SILO_CHECKS, RoundInstructions, SiloRefused, TransformContext, encode,
@@ -59,8 +61,10 @@ class SiloClient:
     def __init__(self, name: str, index: int, examples: Sequence, task: Any, cfg: ClientConfig,
                  model: torch.nn.Module, plan: ExchangePlan, store: ClientStore, initial: Tensors,
                  persist_optimizer: bool = False, token_cache: Path | None = None, precision: str = "fp32",
-                 rounds: int = 1, secure: tuple | None = None) -> None:
+                 rounds: int = 1, secure: tuple | None = None, silo_clip: tuple[float, float] | None = None,
+                 seeded_noise: bool = False) -> None:
         self.name, self.index = name, index
+        self.silo_clip, self.seeded_noise = silo_clip, seeded_noise  # silo-level DP: (C, the noise std it adds)
         self.secure = secure  # secure aggregation: (masking.Layout, WeightingPolicy, the statistic it reads)
         self.rounds = rounds  # the run's federation.rounds: the length of a `run`-span lr schedule
         self.examples, self.task, self.cfg = examples, task, cfg
@@ -182,6 +186,8 @@ class SiloClient:
             del opt  # its moments (two model copies) are freed before the upload's copy is made
             values, transformed = encode(self.plan.upload_transforms, {k: now[k].clone() for k in upload},
                                          TransformContext(round_idx, self.name, received, seed))
+            if self.silo_clip is not None:  # silo-level DP: clipped (and, distributed, noised) before it leaves
+                values = self._silo_dp(values, received, run_seed)
         personal_terms = {}
         if self.after:
             began, slot = time.perf_counter(), self.after.value.slot
@@ -200,6 +206,13 @@ class SiloClient:
                                   mean_loss=result.mean_loss, terms=result.terms, personal_terms=personal_terms,
                                   phase_seconds=phases, lr_last=lr_last, transforms=transformed)
         return self._masked(update, received) if self.secure is not None else update
+
+    def _silo_dp(self, values: Tensors, received: Tensors, run_seed: int) -> Tensors:
+        clip, std = self.silo_clip
+        g = torch.Generator()
+        g.manual_seed(run_seed if self.seeded_noise else int.from_bytes(os.urandom(8), "little"))
+        noisy = silo_noise({k: v - received[k] for k, v in values.items()}, clip, std, g)
+        return {k: received[k] + d for k, d in noisy.items()}
 
     def _masked(self, update: ClientUpdate, received: Tensors) -> ClientUpdate:
         """Secure aggregation: the weighted update as one vector for the mask (fedsilo.core.masking); its

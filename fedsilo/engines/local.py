@@ -30,7 +30,7 @@ def run_round(server: Server, clients: dict[str, SiloClient], sampled: list[str]
               secure: SecureAggregationConfig | None = None) -> dict:
     """Send, train, receive, aggregate. Returns the round record (without evaluation)."""
     start = time.perf_counter()
-    server.begin_round(round_idx)
+    server.begin_round(round_idx, sampled)
     for client in clients.values():
         client.store.set_round(round_idx)
     masked: dict = {}  # secure aggregation: the silos' vectors, summed under the mask below

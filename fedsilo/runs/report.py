@@ -166,6 +166,13 @@ def write_report(run_dir: str | Path, display: Mapping[str, str] | None = None) 
         matrix = matrix_table(results, display)
         if matrix:
             out += ["## Cross-domain matrix\n", MATRIX_NOTE, "", markdown_table(matrix), ""]
+    silo_level = [r["silo_dp"] for r in rounds if r.get("silo_dp")]
+    if silo_level:
+        last = silo_level[-1]
+        out += ["## Silo-level privacy\n",
+                f"Each silo is one user: after {len(silo_level)} round(s) the global model is (ε = {last['epsilon']:.2f}, "
+                f"δ = {last['delta']:.3g})-DP with respect to any one silo's whole contribution ({last['mode']} noise, "
+                f"σ = {last['noise_multiplier']:.3f}, updates clipped to C = {last['clip']:g}; docs/privacy.md).", ""]
     privacy = privacy_spent(rounds)
     if privacy:
         out += ["## Privacy\n", PRIVACY_NOTE, "", markdown_table(privacy_table(privacy, display)), ""]

@@ -143,6 +143,11 @@ def _federate(cfg: RunConfig, run: RunDir, engine, server: Server, spec: MetricS
         sampled = sample_clients(engine.client_names, r, cfg.seed, cfg.federation.sample_fraction,
                                  cfg.federation.sample_count)
         sampled = [c for c in sampled if c not in spent]  # a silo that refused for good is not asked again
+        refused = server.silo_dp.refuses(r) if server.silo_dp is not None else None
+        if refused:  # silo-level DP: the federation's budget does not allow this round
+            progress.warn(refused)
+            stopped, rounds = refused, r - 1
+            break
         engine.set_round(r)
         record = engine.train_round(server, sampled, r, progress)
         for message in _round_warnings(cfg, record):
@@ -179,6 +184,8 @@ def _federate(cfg: RunConfig, run: RunDir, engine, server: Server, spec: MetricS
             break
         _check_progress(cfg, logged, rounds)
 
+    if best is None and stopped:
+        raise RunFailed(f"no round trained: {stopped}", lasting=True)
     if best is None:
         raise RunFailed(f"every dev evaluation was invalid (NaN/Inf model scores or a NaN dev {spec.primary}; "
                         f"see rounds.jsonl): no round can be selected, so there is no model to test", lasting=True)
@@ -201,6 +208,9 @@ def _federate(cfg: RunConfig, run: RunDir, engine, server: Server, spec: MetricS
     privacy = privacy_spent(logged)
     if privacy:
         results["privacy"] = privacy
+    silo_level = [x["silo_dp"] for x in logged if x.get("silo_dp")]
+    if silo_level:
+        results["silo_privacy"] = silo_level[-1]
     if stopped:
         results["stopped"] = stopped
     run.write_results(results)

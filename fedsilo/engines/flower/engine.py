@@ -100,7 +100,7 @@ class FlowerEngine:
         if self.cfg.federation.secure_aggregation is not None:
             return self._secure_round(server, sampled, round_idx, progress)
         start = time.perf_counter()
-        server.begin_round(round_idx)
+        server.begin_round(round_idx, sampled)
         if progress:
             progress.begin(f"round {round_idx} · {len(sampled)} silos over Flower", len(sampled))
         config = self._config(round=round_idx, keep=list(self.keep))
@@ -149,7 +149,7 @@ class FlowerEngine:
         masked vector, unmasking; the server object is handed only the sum. A silo that answers no stage
         is left out of the later ones: after stage 2 it is a dropout the sum recovers from."""
         start = time.perf_counter()
-        server.begin_round(round_idx)
+        server.begin_round(round_idx, sampled)
         if progress:
             progress.begin(f"round {round_idx} · {len(sampled)} silos over Flower, secure aggregation", len(sampled))
         layout = server.secure_layout()

@@ -1,0 +1,76 @@
+"""The accountant both privacy levels use: Opacus's RDP accountant of the (subsampled) Gaussian
+mechanism over a history of (σ, q, steps), kept as JSON wherever its owner keeps state (a silo's store
+for DP-SGD, the server's checkpoint for silo-level DP)."""
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from opacus.accountants import RDPAccountant
+from opacus.accountants.utils import get_noise_multiplier
+
+ORDERS = tuple(range(2, 257))
+"""The Rényi orders the accountant composes over: integers, where Opacus's RDP of the subsampled Gaussian is
+the exact closed form (it equals Google's dp-accounting to 1e-12). At Opacus's default fractional orders
+below 2 its truncated series gives less than dp-accounting's converged value for σ < 1 (order 1.9, σ = 0.657,
+q = 0.25: 0.3953 against 0.3975), so an ε from them can be too small. Integer orders are conservative: for
+σ = 0.657, q = 0.25, 24 steps, δ = 1/320, ε = 15.23 here against 13.99 from dp-accounting's fine orders."""
+
+
+@dataclass
+class Budget:
+    """A silo's accountant: σ and q fixed at its first round, and the steps it has taken with them."""
+    noise_multiplier: float
+    sample_rate: float
+    delta: float
+    target_epsilon: float | None = None
+    history: list[tuple[float, float, int]] = field(default_factory=list)
+
+    def epsilon(self, more_steps: int = 0) -> float:
+        """ε at this δ after the steps taken (and `more_steps` more); 0 before any."""
+        history = list(self.history) + ([(self.noise_multiplier, self.sample_rate, more_steps)] if more_steps else [])
+        if not history:
+            return 0.0
+        accountant = RDPAccountant()
+        accountant.history = history
+        with warnings.catch_warnings():  # "optimal order is the smallest alpha": 2, by the choice above
+            warnings.filterwarnings("ignore", message="Optimal order is the")
+            return float(accountant.get_epsilon(delta=self.delta, alphas=ORDERS))
+
+    def spend(self, steps: int) -> None:
+        if not steps:
+            return
+        step = (self.noise_multiplier, self.sample_rate)
+        if self.history and tuple(self.history[-1][:2]) == step:
+            self.history[-1] = (*step, int(self.history[-1][2]) + steps)
+        else:
+            self.history.append((*step, steps))
+
+    @property
+    def steps(self) -> int:
+        return sum(int(h[2]) for h in self.history)
+
+    def to_meta(self) -> dict:
+        return {"noise_multiplier": self.noise_multiplier, "sample_rate": self.sample_rate, "delta": self.delta,
+                "target_epsilon": self.target_epsilon, "history": [list(h) for h in self.history]}
+
+    @classmethod
+    def from_meta(cls, meta: Mapping) -> "Budget":
+        return cls(float(meta["noise_multiplier"]), float(meta["sample_rate"]), float(meta["delta"]),
+                   meta.get("target_epsilon"), [(float(s), float(q), int(n)) for s, q, n in meta["history"]])
+
+    def record(self) -> dict:
+        """What rounds.jsonl and the server see: ε so far and how it was reached."""
+        return {"epsilon": self.epsilon(), "delta": self.delta, "noise_multiplier": self.noise_multiplier,
+                "sample_rate": self.sample_rate, "steps": self.steps,
+                **({"target_epsilon": self.target_epsilon} if self.target_epsilon is not None else {})}
+
+
+def noise_for(target_epsilon: float, delta: float, sample_rate: float, steps: int) -> float:
+    """The smallest σ (within Opacus's search, 0.01 below the target) whose ε after `steps` steps at rate q
+    stays within `target_epsilon`, over the same orders as `Budget`."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Optimal order is the")
+        return float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=delta, sample_rate=sample_rate,
+                                          steps=steps, accountant="rdp", epsilon_tolerance=0.01, alphas=ORDERS))
