@@ -45,12 +45,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.set or [])
     out = Path(args.out) if args.out else Path(cfg.out_dir) / cfg.name
+    if args.engine == "flower-sim" and args.policy:
+        raise UserError("--policy: Flower's simulation gives its virtual SuperNodes no node config; use the "
+                        "in-process engine, or fedsilo deploy (each SuperNode reads its own --policy file)")
     if args.engine == "flower-sim":
         from fedsilo.runs.flower import run_simulation
         cfg = absolute_config(cfg)  # Flower's workers may run in another folder
         results = run_simulation(cfg, out, resume=args.resume, show_progress=_display(args))
     else:
-        results = run_experiment(cfg, out, resume=args.resume, show_progress=_display(args))
+        results = run_experiment(cfg, out, resume=args.resume, show_progress=_display(args),
+                                 policies=_policies(args))
     print_results(results)
     report = _report(out, show=False)
     print(f"run directory: {out}\nreport: {report}")
@@ -98,9 +102,23 @@ def absolute_config(cfg):
     return validate(raw, "config")
 
 
+def _policies(args: argparse.Namespace) -> dict[str, str]:
+    """--policy SILO=FILE (repeatable): each silo's own policy file (fedsilo.client.policy)."""
+    out = {}
+    for item in args.policy or []:
+        silo, sep, path = item.partition("=")
+        if not sep or not silo or not path:
+            raise UserError(f"--policy {item!r}: write SILO=FILE, e.g. --policy bank=bank-policy.toml")
+        if silo in out:
+            raise UserError(f"--policy: silo {silo!r} is given twice")
+        out[silo] = path
+    return out
+
+
 def _cmd_deploy(args: argparse.Namespace) -> int:
     """A real Flower deployment on 127.0.0.1: SuperLink + one SuperNode per silo, then clean up."""
     from fedsilo.config import load_config, to_toml
+    from fedsilo.client.policy import read_policy
     from fedsilo.engines.flower.deploy import DeploymentError, LocalDeployment, silo_nodes
     from fedsilo.runs.datacheck import blocking_error, inspect_silos
     from fedsilo.runs.lock import RunLock
@@ -122,6 +140,11 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
             raise error
         try:
             silos = silo_nodes(cfg.task, data)  # each SuperNode reads its silo's files where they are
+            for silo, path in _policies(args).items():  # each SuperNode checks every round against its own file
+                if silo not in silos:
+                    raise UserError(f"--policy {silo}=…: {silo!r} is not a silo of this run ({', '.join(silos)})")
+                read_policy(path)  # a bad file fails here, before any process starts
+                silos[silo]["policy"] = str(Path(path).resolve())
             work.mkdir(parents=True, exist_ok=True)
             config = work / "config.toml"
             config.write_text(to_toml(cfg))
@@ -260,11 +283,17 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--engine", choices=["local", "flower-sim"], default="local",
                    help="local: in-process (default); flower-sim: Flower's simulation engine, one virtual "
                         "SuperNode per silo (deployment: see docs/flower.md)")
+    r.add_argument("--policy", action="append", metavar="SILO=FILE",
+                   help="a silo's own policy (TOML, docs/privacy.md): it refuses every round that breaks a rule, "
+                        "before anything leaves it; repeat per silo")
     r.set_defaults(func=_cmd_run)
     dep = sub.add_parser("deploy", help="run a config on a real Flower deployment on this machine "
                                         "(SuperLink + one SuperNode per silo); everything is stopped after")
     common(dep)
     dep.add_argument("--workdir", help="Flower's state, each silo's state and the logs (default: OUT-flower)")
+    dep.add_argument("--policy", action="append", metavar="SILO=FILE",
+                     help="a silo's own policy (TOML, docs/privacy.md), given to its SuperNode as node config; "
+                          "repeat per silo")
     dep.set_defaults(func=_cmd_deploy)
     st = sub.add_parser("study", help="run the variants of a study file (resumable) and compare them in one table")
     st.add_argument("study", help="a study TOML: [study], [base] (a run config), [variants.NAME] (changes)")

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from fedsilo.client.hooks import ROUND_HOOKS
+from fedsilo.client.policy import read_policy
 from fedsilo.client.silo import SiloClient, federated_parameters, load_tensors
 from fedsilo.client.store import ClientStore
 from fedsilo.config import RunConfig, saved_tokenizer
@@ -175,6 +176,15 @@ def members(cfg: RunConfig, task) -> list[tuple[str, list, object]]:
     if cfg.participation.pools_silos:
         return [("pooled", [e for c in task.clients for e in task.examples(c, "train")], cfg.client)]
     return [(c, task.examples(c, "train"), cfg.client_config(c)) for c in task.clients]
+
+
+def give_policies(clients: dict[str, SiloClient], policies: dict[str, str]) -> None:
+    """Each named silo checks every round against its own policy file (fedsilo.client.policy)."""
+    unknown = sorted(set(policies) - set(clients))
+    if unknown:
+        raise ConfigError(f"--policy {unknown[0]}=…: {unknown[0]!r} is not a silo of this run ({', '.join(clients)})")
+    for silo, path in policies.items():
+        clients[silo].policy = read_policy(path)
 
 
 def secure_upload(cfg: RunConfig, model, plan: ExchangePlan) -> tuple | None:

@@ -30,6 +30,7 @@ from fedsilo.tasks.tokens import PreTokenized, row_length, tokenized
 
 from .hooks import AFTER_TRAINING, PSEUDO_SOURCES, ROUND_HOOKS, AfterContext, HookContext
 from .objective import CLIENT_OBJECTIVES
+from .policy import Asked, SiloPolicy, breach
 from .private import Budget, check_budget, plan_budget, steps_per_round, train_private
 from .schedule import round_steps, span_of
 from .settings import ClientConfig
@@ -65,6 +66,7 @@ class SiloClient:
                  seeded_noise: bool = False) -> None:
         self.name, self.index = name, index
         self.silo_clip, self.seeded_noise = silo_clip, seeded_noise  # silo-level DP: (C, the noise std it adds)
+        self.policy: tuple[SiloPolicy, str] | None = None  # the silo's own policy file (fedsilo.client.policy)
         self.secure = secure  # secure aggregation: (masking.Layout, WeightingPolicy, the statistic it reads)
         self.rounds = rounds  # the run's federation.rounds: the length of a `run`-span lr schedule
         self.examples, self.task, self.cfg = examples, task, cfg
@@ -137,6 +139,10 @@ class SiloClient:
             raise SiloRefused(reason)
         state = self._state()
         budget = self._budget(state)
+        if self.policy is not None:
+            rule = breach(self.policy[0], self._asked(round_idx, budget))
+            if rule:
+                raise SiloRefused(f"policy {self.policy[1]}: {rule}")
         if budget is not None:  # refused before anything is trained when the round would pass the target ε
             check_budget(budget, self._private_steps(), self.name, round_idx)
         device = next(self.model.parameters()).device
@@ -246,6 +252,14 @@ class SiloClient:
         if "dp" in state.meta:
             return Budget.from_meta(state.meta["dp"])
         return plan_budget(self.cfg.dp, len(self.examples), self.cfg.batch_size, self._private_steps(), self.rounds)
+
+    def _asked(self, round_idx: int, budget: Budget | None) -> Asked:
+        """This round's demands as the silo's policy reads them: every shared tensor may be sent; its DP ε
+        projected to the last round from its own accountant."""
+        left = max(0, self.rounds - round_idx + 1) * self._private_steps()
+        return Asked(round_idx, self.rounds, tuple(self.shared_names),
+                     budget.epsilon(left) if budget is not None else None,
+                     self.cfg.dp is not None and self.cfg.dp.noise == "seeded", self.secure is not None)
 
     def _private_steps(self) -> int:
         return steps_per_round(len(self.examples), self.cfg.batch_size, self.cfg.epochs, self.cfg.steps)

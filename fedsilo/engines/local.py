@@ -20,7 +20,7 @@ from fedsilo.engines.workers import WorkerPool, resolve_threads, resolve_workers
 from fedsilo.models.precision import autocast
 from fedsilo.progress import Progress
 from fedsilo.errors import RunDirError
-from fedsilo.recipe import build_clients, exchange_plan, initial_private
+from fedsilo.recipe import build_clients, exchange_plan, give_policies, initial_private
 from fedsilo.server import Server
 from fedsilo.tasks.base import CrossDomain
 
@@ -71,11 +71,13 @@ def run_round(server: Server, clients: dict[str, SiloClient], sampled: list[str]
 
 class LocalEngine:
     def __init__(self, cfg: RunConfig, task, model: torch.nn.Module, store: ClientStore,
-                 plan: ExchangePlan | None = None) -> None:
+                 plan: ExchangePlan | None = None, policies: dict[str, str] | None = None) -> None:
         self.cfg, self.task, self.model, self.store = cfg, task, model, store
         self.plan = plan or exchange_plan(cfg)
         self.initial = initial_private(model, self.plan)
         self.clients = build_clients(cfg, task, model, store, self.initial, self.plan)
+        self.policies = dict(policies or {})
+        give_policies(self.clients, self.policies)
         self.device = next(model.parameters()).device
         self.workers = resolve_workers(cfg.engine.workers, self.device, len(self.clients))
         self.threads = resolve_threads(cfg.engine.threads)
@@ -96,7 +98,7 @@ class LocalEngine:
         if parallel and self._pool is None:
             workers = min(self.workers, len(sampled))
             self._pool = WorkerPool(self.clients, workers, threads_per_worker(self.threads, workers), self.device,
-                                    self.cfg.model_dump(exclude_none=True))
+                                    self.cfg.model_dump(exclude_none=True), self.policies)
         record = run_round(server, self.clients, sampled, round_idx, self.cfg.seed, progress, self._pool,
                            self.cfg.federation.secure_aggregation)
         workers = self._pool.workers if parallel else 1

@@ -148,7 +148,7 @@ _CLIENTS: dict = {}      # name → SiloClient: inherited by fork, or built by `
 _STEPS = None            # queue of finished optimiser steps, for the parent's progress bar
 
 
-def _init_worker(threads: int, steps, spawn_from: dict | None, counter, parent: int) -> None:
+def _init_worker(threads: int, steps, spawn_from: dict | None, counter, parent: int, policies: dict) -> None:
     global _STEPS, _CLIENTS
     _die_with(parent)
     torch.set_num_threads(threads)
@@ -158,6 +158,8 @@ def _init_worker(threads: int, steps, spawn_from: dict | None, counter, parent: 
             rank = counter.value
             counter.value += 1
         _CLIENTS = _build(spawn_from, rank)
+        from fedsilo.recipe import give_policies
+        give_policies(_CLIENTS, policies)  # each silo's own policy, as in the run's process
 
 
 def _die_with(parent: int) -> None:
@@ -201,7 +203,8 @@ def _fit(name: str, round_idx: int, received: Shared, state, seed: int) -> tuple
 class WorkerPool:
     """`workers` processes that train clients; started at the first parallel round, closed with the run."""
 
-    def __init__(self, clients: dict, workers: int, threads: int, device: torch.device, config: dict) -> None:
+    def __init__(self, clients: dict, workers: int, threads: int, device: torch.device, config: dict,
+                 policies: dict[str, str] | None = None) -> None:
         """`threads`: torch threads of each worker."""
         global _CLIENTS
         method = start_method(device, threads)
@@ -211,7 +214,7 @@ class WorkerPool:
         _CLIENTS = clients  # what fork children inherit
         self.pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
                                         initargs=(threads, self.steps, config if method == "spawn" else None,
-                                                  ctx.Value("i", 0), os.getpid()))
+                                                  ctx.Value("i", 0), os.getpid(), policies or {}))
 
     def run_round(self, server: Server, clients: dict, sampled: Sequence[str], round_idx: int, seed: int,
                   progress: Progress | None, deliver=None) -> None:

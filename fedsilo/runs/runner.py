@@ -15,7 +15,7 @@ from fedsilo.client.store import make_store
 from fedsilo.config import RunConfig
 from fedsilo.core.tensors import is_finite
 from fedsilo.engines import CrossDomainEngine, Engine
-from fedsilo.errors import RunFailed
+from fedsilo.errors import ConfigError, RunFailed
 from fedsilo.progress import Display, Progress
 from fedsilo.server import Server, sample_clients
 from fedsilo.tasks.base import NONFINITE, MetricSpec, WithReferences, select_best
@@ -226,8 +226,10 @@ def _surface(caught: list) -> list[str]:
     return list(dict.fromkeys(str(w.message) for w in caught))
 
 
-def run_local(cfg: RunConfig, run: RunDir, resume: bool = False, progress: Progress | None = None) -> dict:
-    """One federation (or pooled/single-silo run) on the in-process engine."""
+def run_local(cfg: RunConfig, run: RunDir, resume: bool = False, progress: Progress | None = None,
+              policies: dict[str, str] | None = None) -> dict:
+    """One federation (or pooled/single-silo run) on the in-process engine; `policies`: {silo: its policy
+    file} (fedsilo.client.policy), as each silo's operator gives it, not the config."""
     from fedsilo.engines.local import LocalEngine
 
     progress = progress or Progress(enabled=False)
@@ -246,7 +248,7 @@ def run_local(cfg: RunConfig, run: RunDir, resume: bool = False, progress: Progr
     with warnings.catch_warnings(record=True) as caught:  # e.g. a token cache entry rebuilt
         warnings.simplefilter("always", UserWarning)
         recipe = build_recipe(cfg)
-        engine = LocalEngine(cfg, task, model, store, recipe.plan)
+        engine = LocalEngine(cfg, task, model, store, recipe.plan, policies)
     for message in _surface(caught):
         progress.warn(message)
     try:
@@ -266,13 +268,16 @@ def reference_rows(task, name: str, split: str) -> list[dict]:
     return [row for client in task.clients for row in task.reference(name, client, split)]
 
 
-def run_experiment(cfg: RunConfig, out: str | Path, resume: bool = False, show_progress: Display = True) -> dict:
+def run_experiment(cfg: RunConfig, out: str | Path, resume: bool = False, show_progress: Display = True,
+                   policies: dict[str, str] | None = None) -> dict:
     """Any paradigm into run directory `out`; returns results.json's content."""
     out = Path(out)
     with RunLock(out), Progress(enabled=show_progress) as progress:
         if cfg.participation.per_silo_runs:
+            if policies:
+                raise ConfigError(f"--policy: paradigm {cfg.paradigm!r} trains each silo alone; nothing leaves a silo")
             return _finetune(cfg, out, resume, progress)
-        return run_local(cfg, RunDir(out), resume, progress)
+        return run_local(cfg, RunDir(out), resume, progress, policies)
 
 
 def _finetune(cfg: RunConfig, out: Path, resume: bool, progress: Progress) -> dict:

@@ -14,6 +14,7 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from fedsilo.client.policy import read_policy
 from fedsilo.client.silo import SiloClient
 from fedsilo.client.store import DiskStore
 from fedsilo.config import ConfigError, RunConfig, validate
@@ -83,7 +84,8 @@ def silo_for(message: Message, context: Context) -> Silo:
     name = silo_name(cfg, context.node_config)
     data_dir = context.node_config.get("data-dir", cfg.task.data_dir)
     root = context.node_config.get("state-dir") or Path(tempfile.gettempdir()) / "fedsilo-flower-state" / name
-    key = (hashlib.sha256(text.encode()).hexdigest(), str(conf["run-key"]), name, data_dir, str(root))
+    policy = context.node_config.get("policy")  # the silo's own rules (fedsilo.client.policy), not the server's
+    key = (hashlib.sha256(text.encode()).hexdigest(), str(conf["run-key"]), name, data_dir, str(root), policy)
     if key not in _SILOS:
         if cfg.engine.threads != "auto":  # each silo is a process of its own: the threads are all its own
             torch.set_num_threads(cfg.engine.threads)
@@ -97,6 +99,8 @@ def silo_for(message: Message, context: Context) -> Silo:
         plan = exchange_plan(cfg)
         client = build_client(cfg, task, model, store, name, cfg.task.client_names().index(name),
                               task.examples(name, "train"), cfg.client_config(name), initial_private(model, plan), plan)
+        if policy:
+            client.policy = read_policy(str(policy))
         _SILOS[key] = Silo(cfg, name, task, client, store)
     return _SILOS[key]
 
