@@ -32,9 +32,6 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
-from opacus.grad_sample import GradSampleModule, GradSampleModuleFastGradientClipping, register_grad_sampler
-from opacus.grad_sample.embedding import compute_embedding_grad_sample
-from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
 
 from fedsilo.core.tensors import Tensors
 from fedsilo.core.transforms import SiloRefused
@@ -48,11 +45,12 @@ class BudgetSpent(SiloRefused):
     final = True
 
 
-@register_grad_sampler(torch.nn.Embedding)
 def embedding_grad_sample(layer: torch.nn.Embedding, activations, backprops) -> dict:
     """Opacus's per-example gradient of an embedding, with the padding row's left at zero as torch's own
     backward leaves it (Opacus's rule gives it the pad positions' gradient: the seq2seq models start
     decoding from the pad token). Registered for every GradSampleModule of this process."""
+    from opacus.grad_sample.embedding import compute_embedding_grad_sample
+
     out = compute_embedding_grad_sample(layer, activations, backprops)
     if layer.padding_idx is not None and layer.weight in out:
         out[layer.weight][:, layer.padding_idx] = 0
@@ -111,6 +109,11 @@ class PrivateSGD:
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, budget: Budget,
                  settings: DPSettings, rows_per_example: int, expected_batch: int, g: torch.Generator) -> None:
+        # Opacus is imported here, not with fedsilo: it costs every process ~2.5 s of imports
+        from opacus.grad_sample import GradSampleModule, GradSampleModuleFastGradientClipping, register_grad_sampler
+        from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
+
+        register_grad_sampler(torch.nn.Embedding)(embedding_grad_sample)
         k, c = rows_per_example, settings.max_grad_norm
         self.model, self.rows = model, k
         self.params = [p for p in model.parameters() if p.requires_grad]

@@ -7,8 +7,6 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from opacus.accountants import RDPAccountant
-from opacus.accountants.utils import get_noise_multiplier
 
 ORDERS = tuple(range(2, 257))
 """The Rényi orders the accountant composes over: integers, where Opacus's RDP of the subsampled Gaussian is
@@ -32,6 +30,8 @@ class Budget:
         history = list(self.history) + ([(self.noise_multiplier, self.sample_rate, more_steps)] if more_steps else [])
         if not history:
             return 0.0
+        from opacus.accountants import RDPAccountant  # here: Opacus costs every process ~2.5 s of imports
+
         accountant = RDPAccountant()
         accountant.history = history
         with warnings.catch_warnings():  # "optimal order is the smallest alpha": 2, by the choice above
@@ -70,6 +70,8 @@ class Budget:
 def noise_for(target_epsilon: float, delta: float, sample_rate: float, steps: int) -> float:
     """The smallest σ (within Opacus's search, 0.01 below the target) whose ε after `steps` steps at rate q
     stays within `target_epsilon`, over the same orders as `Budget`."""
+    from opacus.accountants.utils import get_noise_multiplier
+
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Optimal order is the")
         return float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=delta, sample_rate=sample_rate,
