@@ -305,3 +305,27 @@ def test_combinations_the_accountant_does_not_cover_are_refused_by_name(sections
         base[key] = {**base.get(key, {}), **value}
     with pytest.raises((ConfigError, ValueError), match=culprit):
         validate(base)
+
+
+def test_dp_on_flower_simulation_equals_in_process_with_the_accountant_on_each_silo(tmp_path, monkeypatch):
+    """Seeded noise, so both engines draw the same samples and noise: the same ε per silo per round and the
+    same model; each silo's accountant history is in its own store (its state folder), not the server's."""
+    import os
+
+    from fedsilo.client.store import DiskStore
+    from tests.parity import local_and_simulation
+
+    root = str(Path(__file__).resolve().parents[1])
+    monkeypatch.setenv("PYTHONPATH", root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cfg = toy_config(client={"dp": {"target_epsilon": 6.0, "noise": "seeded"}}, engine={"workers": 1})
+    local, sim = local_and_simulation(cfg, tmp_path)
+    for a, b in zip(rounds_of(local), rounds_of(sim), strict=True):
+        assert {c: e["privacy"] for c, e in a["clients"].items()} == {c: e["privacy"] for c, e in b["clients"].items()}
+    pa = torch.load(local / "checkpoint.pt", weights_only=True)["server"]["params"]
+    pb = torch.load(sim / "checkpoint.pt", weights_only=True)["server"]["params"]
+    for k in pa:
+        torch.testing.assert_close(pb[k], pa[k], rtol=1e-6, atol=1e-7)
+    local_store = DiskStore(local / "clients")
+    local_store.set_round(2)
+    assert local_store.get("alpha").meta["dp"]["history"] == [[local_store.get("alpha").meta["dp"]["noise_multiplier"],
+                                                                0.5, 4]]
