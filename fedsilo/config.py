@@ -361,8 +361,10 @@ class RunConfig(Strict):
         per_round = min(silos, f.sample_count or max(1, round(f.sample_fraction * silos)))
         need = secure.threshold or per_round // 2 + 1
         if per_round < 2 or need > per_round:
-            raise SectionError(f"federation.secure_aggregation: {per_round} silo(s) per round cannot hide one update "
-                             f"in a sum of at least {max(need, 2)} (threshold {need}); use more silos or a lower threshold")
+            why = "one silo's update would be the whole sum" if per_round < 2 else \
+                f"the Shamir threshold {need} is more than that"
+            raise SectionError(f"federation.secure_aggregation: {per_round} silo(s) per round: {why}; use more silos"
+                               + ("" if per_round < 2 else " or a lower threshold"))
         return self
 
     @model_validator(mode="after")

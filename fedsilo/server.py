@@ -170,13 +170,7 @@ class Server:
         """Secure aggregation: the sum of the `updates`' masked vectors (the server never had one alone).
         Each silo's entry keeps its numbers that were not masked (size, steps, seconds, its DP accountant).
         Returns why the sum cannot be used, or None."""
-        for client, update in updates.items():
-            self._record[client] = {
-                "n_examples": update.n_examples, "steps": update.steps, "seconds": update.seconds, "weight": None,
-                "bytes_up": 8 * layout.length, "bytes_down": self._sent.get(client, 0),
-                "params_up": layout.width, "params_down": self._sent_params.get(client, 0), "secure": True,
-                **({"privacy": {k: _json_number(v) for k, v in update.privacy.items()}} if update.privacy else {}),
-            }
+        self._secure_entries(updates, layout)
         self._secure = {"silos": sorted(updates), **protocol}
         try:
             self._secure_delta = mean_from_sum(total, layout, self.params)
@@ -188,8 +182,19 @@ class Server:
         return None
 
     def secure_failed(self, reason: str, updates: dict[str, ClientUpdate] | None = None) -> None:
-        """The round's secure sum could not be formed (too few silos finished the protocol)."""
+        """The round's secure sum could not be formed (too few silos finished the protocol); the silos that
+        trained are recorded all the same (their DP accountants spent this round)."""
+        self._secure_entries(updates or {}, self.secure_layout())
         self._secure = {"silos": sorted(updates or {}), "failed": reason}
+
+    def _secure_entries(self, updates: dict[str, ClientUpdate], layout: Layout) -> None:
+        for client, update in updates.items():
+            self._record[client] = {
+                "n_examples": update.n_examples, "steps": update.steps, "seconds": update.seconds, "weight": None,
+                "bytes_up": 8 * layout.length, "bytes_down": self._sent.get(client, 0),
+                "params_up": layout.width, "params_down": self._sent_params.get(client, 0), "secure": True,
+                **({"privacy": {k: _json_number(v) for k, v in update.privacy.items()}} if update.privacy else {}),
+            }
 
     def receive(self, client: str, update: ClientUpdate) -> str | None:
         """Take one client's update; returns a rejection reason, or None. With `max_update_ratio` the

@@ -294,6 +294,7 @@ def test_seeded_noise_reproduces_a_run_and_secret_noise_does_not(tmp_path):
     ({"client": {"dp": {"target_epsilon": 1.0}, "grad_accum": 2}}, "grad_accum = 2 is not supported"),
     ({"client": {"dp": {"target_epsilon": 1.0}, "objective": "meta_weighting"}}, "objective 'meta_weighting'"),
     ({"model": {"precision": "bf16"}}, "DP-SGD runs in fp32"),
+    ({"client": {"dp": {"target_epsilon": 1.0}, "personal": {"coef": 0.1}}}, "after-training pass 'ditto'"),
     ({"client": {"dp": {}}}, "set target_epsilon"),
     ({"client": {"dp": {"target_epsilon": -1}}}, "target_epsilon"),
 ])

@@ -64,10 +64,23 @@ def test_secure_mean_equals_the_plaintext_aggregate(policy, values):
 
 # ---- runs ----------------------------------------------------------------------------------------
 
-def test_in_process_secure_run_equals_the_plaintext_run_and_hides_each_weight(tmp_path):
+def test_in_process_secure_run_equals_the_plaintext_run_and_hides_each_weight(tmp_path, monkeypatch):
+    from fedsilo.server import Server
+
+    sent, real = [], Server.receive_sum
+
+    def seen(self, total, layout, updates, protocol):
+        sent.extend(u for u in updates.values())
+        return real(self, total, layout, updates, protocol)
+
+    monkeypatch.setattr(Server, "receive_sum", seen)
+    clip = {"upload_transforms": [{"name": "clip", "max_norm": 1000.0}]}
     for name, extra in (("plain", {}), ("secure", {"secure_aggregation": {}})):
-        run_experiment(toy_config(federation={"rounds": 2, "weighting": "size", **extra}), tmp_path / name,
-                       show_progress=False)
+        run_experiment(toy_config(federation={"rounds": 2, "weighting": "size", **extra}, exchange=clip),
+                       tmp_path / name, show_progress=False)
+    # what travels beside the masked vector: no tensor, no loss, and of the clip only its name (not the norm)
+    assert len(sent) == 6 and all(u.tensors == {} and u.losses == [] and math.isnan(u.delta_loss) and
+                                  u.transforms == [{"name": "clip"}] for u in sent)
     a, b = params(tmp_path / "plain"), params(tmp_path / "secure")
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5  # float32 sums against the exact secure sum
     for record in rounds_of(tmp_path / "secure"):
@@ -90,14 +103,16 @@ def test_a_silo_that_refuses_after_the_keys_were_shared_is_a_dropout_the_sum_rec
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
 
 
-def test_too_few_silos_left_skips_the_round_with_the_reason(tmp_path):
+def test_too_few_silos_left_skips_the_round_with_the_reason_and_keeps_what_the_others_spent(tmp_path):
     refuse = {"upload_checks": [{"name": "require_clip", "max_norm": 1.0}]}
     cfg = toy_config(federation={"rounds": 1, "secure_aggregation": {"threshold": 3}},
-                     clients={"gamma": refuse}, client={})
+                     clients={"gamma": refuse}, client={"dp": {"noise_multiplier": 1.0}})
     with pytest.raises(Exception, match="applied no update"):
         run_experiment(cfg, tmp_path / "run", show_progress=False)
     record = rounds_of(tmp_path / "run")[0]
     assert not record["applied"] and "needs at least 3 of 3" in record["skipped"]
+    for silo in ("alpha", "beta"):  # they trained: their accountants spent the round, and the record says so
+        assert record["clients"][silo]["privacy"]["steps"] == 2
 
 
 def test_secure_aggregation_on_flower_simulation_equals_in_process(tmp_path, monkeypatch):
@@ -183,8 +198,8 @@ def test_a_wire_capture_of_a_secure_deployment_holds_no_silos_update(tmp_path, m
     ({"federation": {"clip_norm": 1.0}}, "federation.clip_norm = 1.0 cannot apply"),
     ({"federation": {"max_update_ratio": 5}}, "federation.max_update_ratio = 5.0 cannot apply"),
     ({"federation": {"max_client_weight": 0.5}}, "federation.max_client_weight = 0.5 cannot apply"),
-    ({"federation": {"secure_aggregation": {"threshold": 4}}}, "cannot hide one update"),
-    ({"task": {"silos": ["alpha"]}}, "1 silo\\(s\\) per round"),
+    ({"federation": {"secure_aggregation": {"threshold": 4}}}, "3 silo\\(s\\) per round: the Shamir threshold 4"),
+    ({"task": {"silos": ["alpha"]}}, "1 silo\\(s\\) per round: one silo's update would be the whole sum"),
     ({"paradigm": "centralized"}, "does not federate"),
 ])
 def test_combinations_that_need_one_update_in_the_clear_are_refused_by_name(sections, culprit):

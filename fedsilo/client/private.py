@@ -58,7 +58,7 @@ def embedding_grad_sample(layer: torch.nn.Embedding, activations, backprops) -> 
 
 
 def plan_budget(settings: DPSettings, n_examples: int, batch_size: int, steps_per_round: int, rounds: int) -> Budget:
-    """σ for this silo: given, or the smallest (within Opacus's 1% search) whose ε after `rounds` rounds of
+    """σ for this silo: given, or the smallest (Opacus's search ends within 0.01 below the target) whose ε after `rounds` rounds of
     `steps_per_round` steps at q = batch_size / n stays within target_epsilon."""
     q = min(1.0, batch_size / n_examples)
     delta = settings.delta if settings.delta is not None else 1 / (10 * n_examples)

@@ -180,6 +180,9 @@ class ClientConfig(Strict):
         if self.objective != "task":
             raise ValueError(f"dp: objective {self.objective!r} weighs examples by a gradient on other examples, "
                              "which per-example clipping does not bound; use objective = \"task\"")
+        if self.after_pass() is not None:
+            raise ValueError(f"dp: the after-training pass {self.after_pass()[0]!r} (a personal model) trains on the "
+                             "silo's records without DP-SGD, and its evaluation statistics leave the silo; remove one")
         return self
 
     @field_validator("upload_checks")

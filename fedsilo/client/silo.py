@@ -227,8 +227,10 @@ class SiloClient:
         value = update.statistic(stat) if stat else math.nan
         delta = {k: update.tensors[k].double() - received[k].double() for k in layout.names if k in update.tensors}
         vector = weighted_vector(delta, update.n_examples, value, policy, layout)
+        # what the transforms did stays inside too: a clip's record holds the update's norm
         return dataclasses.replace(update, tensors={}, losses=[], delta_loss=math.nan, mean_loss=math.nan, terms={},
-                                   personal_terms={}, secure_input=vector)
+                                   personal_terms={}, transforms=[{"name": t["name"]} for t in update.transforms],
+                                   secure_input=vector)
 
     def _train(self, items, collate, lengths, received: Tensors, run_seed: int, steps_done: int, restore, on_step,
                schedule_start: int, schedule_total: int):

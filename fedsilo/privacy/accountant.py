@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 ORDERS = tuple(range(2, 257))
 """The Rényi orders the accountant composes over: integers, where Opacus's RDP of the subsampled Gaussian is
-the exact closed form (it equals Google's dp-accounting to 1e-12). At Opacus's default fractional orders
+the exact closed form (ε equals Google's dp-accounting's over the same orders: the tests check 1e-3 relative). At Opacus's default fractional orders
 below 2 its truncated series gives less than dp-accounting's converged value for σ < 1 (order 1.9, σ = 0.657,
 q = 0.25: 0.3953 against 0.3975), so an ε from them can be too small. Integer orders are conservative: for
 σ = 0.657, q = 0.25, 24 steps, δ = 1/320, ε = 15.23 here against 13.99 from dp-accounting's fine orders."""

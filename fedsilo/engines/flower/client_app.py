@@ -152,7 +152,7 @@ def _secagg(silo: Silo, conf):
 
 def _keep_secagg(silo: Silo, conf, protocol) -> None:
     path = _secagg_path(silo, conf)
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # secret keys: the silo's operator only
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # the secagg folder itself 0700: its owner only
     atomic_write_bytes(path, protocol.to_state())
 
 
@@ -164,6 +164,8 @@ def secagg_keys(message: Message, context: Context) -> Message:
     conf = message.content["config"]
     protocol = SecAggClient(silo.name, list(conf["silos"]), protocol_settings(silo.cfg.federation.secure_aggregation),
                             str(conf["protocol-round"]))
+    for stale in _secagg_path(silo, conf).parent.glob("round-*.json"):  # keys of rounds this silo dropped out of
+        stale.unlink(missing_ok=True)
     _keep_secagg(silo, conf, protocol)
     return Message(RecordDict({"secagg": ConfigRecord(protocol.advertise_keys())}), reply_to=message)
 

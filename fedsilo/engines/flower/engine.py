@@ -154,11 +154,11 @@ class FlowerEngine:
             progress.begin(f"round {round_idx} · {len(sampled)} silos over Flower, secure aggregation", len(sampled))
         layout = server.secure_layout()
         round_id = f"{self.run_key}/{round_idx}"
-        protocol = SecAggServer(sampled, protocol_settings(self.cfg.federation.secure_aggregation), layout.length,
-                                round_id)
         missing: dict[str, str] = {}
         updates: dict[str, object] = {}
         try:
+            protocol = SecAggServer(sampled, protocol_settings(self.cfg.federation.secure_aggregation), layout.length,
+                                    round_id)
             replies, gone = self._stage(sampled, "secagg_keys", round_idx, silos=list(sampled), **{"protocol-round": round_id})
             missing.update(gone)
             keys = protocol.collect_keys({s: {k: bytes(v) for k, v in c["secagg"].items()} for s, c in replies.items()})
