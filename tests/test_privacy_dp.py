@@ -174,6 +174,23 @@ def test_clipped_gradient_sum_equals_a_per_example_loop(build, task, batch, clip
     assert not any(hasattr(p, "grad_sample") or hasattr(p, "_forward_counter") for p in params)  # hooks gone
 
 
+def test_a_layer_that_mixes_the_batch_is_refused_by_name():
+    """T5's relative attention bias is one table added to every row: no per-example gradient exists."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    model = T5ForConditionalGeneration(T5Config(
+        vocab_size=30, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2, dropout_rate=0.0,
+        feed_forward_proj="relu", tie_word_embeddings=True, pad_token_id=0, decoder_start_token_id=0)).train()
+    dp = PrivateSGD(model, torch.optim.SGD(model.parameters(), lr=0.1), Budget(1.0, 0.5, 1e-5),
+                    DPSettings(noise_multiplier=1.0), 1, 4, torch.Generator())
+    try:
+        with pytest.raises(ConfigError, match="relative_attention_bias.weight' has no per-example gradient"):
+            dp.backward(Sequences.example_losses, seq_batch(4), 4)
+    finally:
+        dp.close()
+
+
 def test_ghost_clipping_refuses_a_model_that_ties_parameters():
     model = tiny_marian()
     with pytest.raises(ValueError, match="ties parameters"):

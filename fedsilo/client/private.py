@@ -35,6 +35,7 @@ import torch
 
 from fedsilo.core.tensors import Tensors
 from fedsilo.core.transforms import SiloRefused
+from fedsilo.errors import ConfigError
 from fedsilo.privacy.accountant import Budget, noise_for
 
 from .settings import DPSettings
@@ -132,8 +133,8 @@ class PrivateSGD:
         self.optimizer = kind(optimizer, noise_multiplier=budget.noise_multiplier * k, max_grad_norm=c / k,
                               expected_batch_size=expected_batch, loss_reduction="mean", generator=g,
                               secure_mode=True)
-        self.positions = model.register_forward_pre_hook(with_positions, with_kwargs=True) \
-            if "position_ids" in inspect.signature(model.forward).parameters else None
+        self.positions = [m.register_forward_pre_hook(with_positions, with_kwargs=True) for m in model.modules()
+                          if {"input_ids", "position_ids"} <= set(inspect.signature(m.forward).parameters)]
 
     def backward(self, example_losses: Callable[[torch.nn.Module, dict], torch.Tensor], batch: dict,
                  n: int) -> torch.Tensor:
@@ -152,7 +153,32 @@ class PrivateSGD:
         with warnings.catch_warnings():
             # Opacus's hooks on the first layer see inputs that need no gradient (token ids): torch says so
             warnings.filterwarnings("ignore", message="Full backward hook is firing")
-            return self._backward(losses, outputs)
+            try:
+                out = self._backward(losses, outputs)
+            except RuntimeError as err:  # inside Opacus's per-example rules: this model is not one it can take
+                if not isinstance(err.__cause__ or err.__context__, Exception) and (err.__cause__ or err.__context__):
+                    raise  # a Ctrl-C or SIGTERM that torch wrapped: the CLI ends it as the stop it is
+                raise ConfigError(f"DP-SGD: Opacus cannot compute per-example gradients for this model ({type(self.model).__name__}: "
+                                  f"{str(err).splitlines()[0]}); the encoders (minilm, tiny-bert, BERT checkpoints) and "
+                                  "the Marian-shaped transformer are supported (docs/privacy.md)") from None
+        self._check_rows(rows)
+        return out
+
+    def _check_rows(self, rows: int) -> None:
+        """Every parameter's per-example gradient (or norm) has one entry per row: a layer that mixes the
+        batch's rows (T5's relative attention bias, one table added to every row) cannot be clipped per
+        example, and Opacus would fail later with a shape error, or worse, not at all."""
+        for name, p in self.model.named_parameters():
+            if not p.requires_grad:
+                continue
+            got = getattr(p, "_norm_sample" if self.ghost else "grad_sample", None)
+            if isinstance(got, list):
+                got = got[-1]
+            if got is None or got.shape[0] != rows:
+                raise ConfigError(f"DP-SGD: parameter {name!r} has no per-example gradient for the batch's {rows} rows "
+                                 f"({'none' if got is None else got.shape[0]}): its layer mixes the rows of a batch "
+                                 "(e.g. T5's relative attention bias), so it cannot be clipped per example; use a "
+                                 "model without it (model.name = \"transformer\") or freeze that parameter")
 
     def _backward(self, losses: torch.Tensor, outputs: list) -> torch.Tensor:
         if not self.ghost:
@@ -197,8 +223,8 @@ class PrivateSGD:
         self.optimizer.zero_grad(set_to_none=True)
 
     def close(self) -> None:
-        if self.positions is not None:
-            self.positions.remove()
+        for hook in self.positions:
+            hook.remove()
         self.gsm._close()
         for p in self.params:
             for attr in ("summed_grad", "grad_sample", "_norm_sample", "_forward_counter"):
