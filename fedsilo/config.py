@@ -299,8 +299,7 @@ class RunConfig(Strict):
         f = self.federation
         if not self.participation.federates or AGGREGATIONS.get(f.aggregation).weighted:
             return self
-        silos = len(self.task.client_names())
-        per_round = min(silos, f.sample_count or max(1, round(f.sample_fraction * silos)))
+        per_round = self.silos_per_round
         if per_round < ROBUST_MIN_CLIENTS:
             raise ValueError(f"federation.aggregation = {f.aggregation!r} cannot be robust with {per_round} "
                              f"client(s) per round (it needs at least {ROBUST_MIN_CLIENTS}: the median of two is "
@@ -337,28 +336,23 @@ class RunConfig(Strict):
             raise SectionError(f"federation.secure_aggregation: paradigm {self.paradigm!r} does not federate")
         if x.upload != "all":
             raise SectionError(f"exchange.upload = {x.upload!r} cannot run with federation.secure_aggregation: each "
-                             "silo would send other tensors, and masked vectors only add up when every silo sends "
-                             "all shared tensors (upload = \"all\")")
+                               "silo would send other tensors, and masked vectors only add up when every silo sends "
+                               "all shared tensors (upload = \"all\")")
         if x.download != "all":
             raise SectionError(f"exchange.download = {x.download!r} cannot run with federation.secure_aggregation: a "
-                             "silo's update is taken against what it received, so it must receive every shared "
-                             "tensor (download = \"all\")")
+                               "silo's update is taken against what it received, so it must receive every shared "
+                               "tensor (download = \"all\")")
         decoded = [t["name"] for t in x.upload_transforms if UPLOAD_TRANSFORMS.get(t["name"]).decode is not None]
         if decoded:
             raise SectionError(f"exchange.upload_transforms: {decoded[0]!r} is undone on the server per silo, which "
-                             f"federation.secure_aggregation does not allow ({why})")
+                               f"federation.secure_aggregation does not allow ({why})")
         if not AGGREGATIONS.get(f.aggregation).weighted:
             raise SectionError(f"federation.aggregation = {f.aggregation!r} needs every update apart (a coordinate-"
-                             f"wise robust rule); {why}: use aggregation = \"mean\"")
-        fields = FederationConfig.model_fields
-        for key in ("clip_norm", "max_client_weight", "max_weight_ratio", "max_update_ratio"):
-            value = getattr(f, key)
-            if value not in (None, "off") and value != fields[key].default:
-                raise SectionError(f"federation.{key} = {_fmt(value)} cannot apply with federation.secure_aggregation: "
-                                 f"it bounds one silo's update or weight, and {why}; leave it out (to clip updates, "
-                                 "clip on the silos: exchange.upload_transforms = [{name = \"clip\", max_norm = …}])")
-        silos = len(self.task.client_names())
-        per_round = min(silos, f.sample_count or max(1, round(f.sample_fraction * silos)))
+                               f"wise robust rule); {why}: use aggregation = \"mean\"")
+        _no_per_update_limits(f, "federation.secure_aggregation", f"it bounds one silo's update or weight, and {why}; "
+                              "leave it out (to clip updates, clip on the silos: exchange.upload_transforms = "
+                              "[{name = \"clip\", max_norm = …}])")
+        per_round = self.silos_per_round
         need = secure.threshold or per_round // 2 + 1
         if per_round < 2 or need > per_round:
             why = "one silo's update would be the whole sum" if per_round < 2 else \
@@ -389,13 +383,8 @@ class RunConfig(Strict):
             key, value = ("upload", x.upload) if x.upload != "all" else ("download", x.download)
             raise SectionError(f"exchange.{key} = {value!r}: silo-level DP needs every silo to receive and send every "
                                "shared tensor (an update clipped against what it received, one denominator for all)")
-        fields = FederationConfig.model_fields
-        for key in ("clip_norm", "max_client_weight", "max_weight_ratio", "max_update_ratio"):
-            value = getattr(f, key)
-            if value not in (None, "off") and value != fields[key].default:
-                raise SectionError(f"federation.{key} = {_fmt(value)} cannot apply with federation.silo_dp: it would "
-                                   "change a silo's update or weight by the others', which the sensitivity bound does "
-                                   "not cover (federation.silo_dp.clip bounds each update)")
+        _no_per_update_limits(f, "federation.silo_dp", "it would change a silo's update or weight by the others', "
+                              "which the sensitivity bound does not cover (federation.silo_dp.clip bounds each update)")
         return self
 
     @model_validator(mode="after")
@@ -425,6 +414,12 @@ class RunConfig(Strict):
         return self
 
     @property
+    def silos_per_round(self) -> int:
+        """How many silos each round samples (sample_clients' k)."""
+        f, silos = self.federation, len(self.task.client_names())
+        return min(silos, f.sample_count or max(1, round(f.sample_fraction * silos)))
+
+    @property
     def persist_optimizer(self) -> bool:
         if self.client.persist_optimizer is not None:
             return self.client.persist_optimizer
@@ -441,6 +436,16 @@ class RunConfig(Strict):
             return self.client
         # validated, so a table ([clients.<silo>.dp], .personal) becomes its settings class again
         return ClientConfig.model_validate({**self.client.model_dump(), **override.model_dump(exclude_none=True)})
+
+
+def _no_per_update_limits(f: FederationConfig, feature: str, why: str) -> None:
+    """Refuse a limit on one silo's update or weight set away from its default (the defaults are not applied
+    under `feature`: there is nothing per silo to compare)."""
+    fields = FederationConfig.model_fields
+    for key in ("clip_norm", "max_client_weight", "max_weight_ratio", "max_update_ratio"):
+        value = getattr(f, key)
+        if value not in (None, "off") and value != fields[key].default:
+            raise SectionError(f"federation.{key} = {_fmt(value)} cannot apply with {feature}: {why}")
 
 
 def task_settings(raw: Any) -> TaskSettings:

@@ -161,9 +161,7 @@ def silo_dp_plan(cfg: RunConfig) -> tuple[float, float, float]:
     """(σ, C, the noise std each silo adds: σ·C/√m in distributed mode for m silos a round, else 0)."""
     dp, f = cfg.federation.silo_dp, cfg.federation
     sigma = dp.noise_multiplier or noise_for(dp.target_epsilon, dp.delta, 1.0, f.rounds)
-    silos = len(cfg.task.client_names())
-    per_round = min(silos, f.sample_count or max(1, round(f.sample_fraction * silos)))
-    return sigma, dp.clip, (sigma * dp.clip / math.sqrt(per_round) if dp.mode == "distributed" else 0.0)
+    return sigma, dp.clip, (sigma * dp.clip / math.sqrt(cfg.silos_per_round) if dp.mode == "distributed" else 0.0)
 
 
 def _on(limit: float | str) -> float | None:

@@ -286,18 +286,10 @@ class Server:
                 entry["fallback"] = True
             if weights.capped[i]:
                 entry["capped"] = True
-        skipped, dp_record = None, None
+        dp_record = None
         if self.silo_dp is not None and self._agg.clients:
             delta, dp_record = self._silo_dp(delta, [c for c, w in zip(self._agg.clients, weights.values) if w > 0])
-        if not self._agg.clients:
-            skipped = "no client update was accepted"
-        elif not is_finite(delta):
-            skipped = "the aggregate of the accepted updates is not finite"
-        else:
-            skipped = self.optimizer.check_step(self.params, delta, self.max_step_ratio)
-        if skipped is None:
-            with torch.no_grad():
-                self.optimizer.step(self.params, delta)
+        skipped = self._step(delta if self._agg.clients else None, "no client update was accepted")
         record = {"weighting": self.weighting.name, "aggregation": self.aggregation.name,
                   "fallback": weights.any_fallback,
                   "applied": skipped is None, "clients": self._record,
@@ -319,6 +311,19 @@ class Server:
         self._agg = None
         return record
 
+    def _step(self, delta: Tensors | None, none_reason: str) -> str | None:
+        """Apply the server optimiser with `delta`, unless there is none or it would break the global
+        tensors; returns why the round was skipped, or None."""
+        if delta is None:
+            return none_reason
+        if not is_finite(delta):
+            return "the aggregate of the accepted updates is not finite"
+        skipped = self.optimizer.check_step(self.params, delta, self.max_step_ratio)
+        if skipped is None:
+            with torch.no_grad():
+                self.optimizer.step(self.params, delta)
+        return skipped
+
     def _silo_dp(self, mean: Tensors, accepted: list[str]) -> tuple[Tensors, dict]:
         """Silo-level DP on the round's mean: its public weights (1, or the registered sizes)."""
         def weight(c: str) -> float:
@@ -332,15 +337,7 @@ class Server:
         delta, dp_record = self._secure_delta, None
         if delta is not None and self.silo_dp is not None:
             delta, dp_record = self._silo_dp(delta, self._secure["silos"])
-        if delta is None:
-            skipped = f"secure aggregation: {self._secure.get('failed', 'no sum')}"
-        elif not is_finite(delta):
-            skipped = "the aggregate of the accepted updates is not finite"
-        else:
-            skipped = self.optimizer.check_step(self.params, delta, self.max_step_ratio)
-        if skipped is None:
-            with torch.no_grad():
-                self.optimizer.step(self.params, delta)
+        skipped = self._step(delta, f"secure aggregation: {self._secure.get('failed', 'no sum')}")
         record = {"weighting": self.weighting.name, "aggregation": "secure mean", "fallback": None,
                   "applied": skipped is None, "clients": self._record, "secure": self._secure,
                   "bytes_up": sum(c["bytes_up"] for c in self._record.values()),
