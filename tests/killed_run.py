@@ -29,15 +29,16 @@ def past_round_1(config: Path, out: Path, **env: str) -> Iterator[subprocess.Pop
         proc.wait()
 
 
-def interrupted_in_round_two(monkeypatch, cfg, out: Path) -> None:
+def interrupted_in_round_two(monkeypatch, cfg, out: Path, loop: str = "train_local") -> None:
     """Run `cfg` into `out` until round 2's second client is about to train, then raise KeyboardInterrupt
-    (as Ctrl-C would); the real training loop is back in place afterwards."""
+    (as Ctrl-C would); the real training loop (`loop`: train_local, or DP-SGD's train_private) is back in
+    place afterwards."""
     import pytest
 
     import fedsilo.client.silo as silo
     from fedsilo.runs.runner import run_experiment
 
-    real, calls = silo.train_local, {"n": 0}
+    real, calls = getattr(silo, loop), {"n": 0}
 
     def dies_in_round_two(*a, **kw):
         calls["n"] += 1
@@ -45,7 +46,7 @@ def interrupted_in_round_two(monkeypatch, cfg, out: Path) -> None:
             raise KeyboardInterrupt
         return real(*a, **kw)
 
-    monkeypatch.setattr(silo, "train_local", dies_in_round_two)
+    monkeypatch.setattr(silo, loop, dies_in_round_two)
     with pytest.raises(KeyboardInterrupt):
         run_experiment(cfg, out, show_progress=False)
-    monkeypatch.setattr(silo, "train_local", real)
+    monkeypatch.setattr(silo, loop, real)

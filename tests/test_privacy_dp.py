@@ -272,22 +272,11 @@ def test_a_silo_past_its_target_stops_and_the_run_ends_when_none_is_left(tmp_pat
 
 
 def test_epsilon_after_resume_equals_an_uninterrupted_run(tmp_path, monkeypatch):
-    import fedsilo.client.silo as silo
+    from tests.killed_run import interrupted_in_round_two
 
     cfg = toy_config(client={"dp": {"target_epsilon": 5.0}}, federation={"rounds": 3})
     run_experiment(cfg, tmp_path / "whole", show_progress=False)
-    real, calls = silo.train_private, {"n": 0}
-
-    def dies_in_round_two(*a, **kw):
-        calls["n"] += 1
-        if calls["n"] == 5:  # round 2, second silo
-            raise KeyboardInterrupt
-        return real(*a, **kw)
-
-    monkeypatch.setattr(silo, "train_private", dies_in_round_two)
-    with pytest.raises(KeyboardInterrupt):
-        run_experiment(cfg, tmp_path / "cut", show_progress=False)
-    monkeypatch.setattr(silo, "train_private", real)
+    interrupted_in_round_two(monkeypatch, cfg, tmp_path / "cut", loop="train_private")
     assert len(rounds_of(tmp_path / "cut")) == 1
     run_experiment(cfg, tmp_path / "cut", resume=True, show_progress=False)
     for a, b in zip(rounds_of(tmp_path / "whole"), rounds_of(tmp_path / "cut"), strict=True):
