@@ -175,13 +175,8 @@ def test_clipped_gradient_sum_equals_a_per_example_loop(build, task, batch, clip
 
 
 def test_a_layer_that_mixes_the_batch_is_refused_by_name():
-    """T5's relative attention bias is one table added to every row: no per-example gradient exists."""
-    from transformers import T5Config, T5ForConditionalGeneration
-
-    torch.manual_seed(0)
-    model = T5ForConditionalGeneration(T5Config(
-        vocab_size=30, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2, dropout_rate=0.0,
-        feed_forward_proj="relu", tie_word_embeddings=True, pad_token_id=0, decoder_start_token_id=0)).train()
+    """T5's relative attention bias is one table added to every row: no per-row gradient exists."""
+    model = tiny_t5()
     dp = PrivateSGD(model, torch.optim.SGD(model.parameters(), lr=0.1), Budget(1.0, 0.5, 1e-5),
                     DPSettings(noise_multiplier=1.0), 1, 4, torch.Generator())
     try:
@@ -336,3 +331,62 @@ def test_dp_on_flower_simulation_equals_in_process_with_the_accountant_on_each_s
     local_store.set_round(2)
     assert local_store.get("alpha").meta["dp"]["history"] == [[local_store.get("alpha").meta["dp"]["noise_multiplier"],
                                                                 0.5, 4]]
+
+
+def tiny_t5() -> torch.nn.Module:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    return T5ForConditionalGeneration(T5Config(
+        vocab_size=30, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2, dropout_rate=0.0,
+        feed_forward_proj="relu", tie_word_embeddings=True, pad_token_id=0, decoder_start_token_id=0)).train()
+
+
+def one_by_one(batch: dict, n: int, k: int) -> tuple[list[dict], object]:
+    """The batch as n single examples (rows i, n + i, … of an example) and a collate that rebuilds batches."""
+    items = [{key: v[[i + j * n for j in range(k)]] for key, v in batch.items()} for i in range(n)]
+
+    def collate(chosen):
+        return {key: torch.cat([c[key][j:j + 1] for j in range(k) for c in chosen]) for key in chosen[0]}
+    return items, collate
+
+
+@pytest.mark.parametrize("build,task,batch", [
+    (tiny_bert, Pairs, pair_batch), (tiny_marian, Sequences, seq_batch), (tiny_t5, Sequences, seq_batch),
+], ids=["bert-pairs", "marian", "t5"])
+def test_the_loop_clips_each_examples_whole_gradient(build, task, batch):
+    """clipping = "loop": each example's gradient (all its rows together) clipped to C, for any model."""
+    from fedsilo.client.private import LoopSGD
+
+    n = 5
+    model, data = build(), batch(n)
+    rows = row_gradients(model, task, data, n)
+    whole = [[sum(g[j] for g in ex) for j in range(len(ex[0]))] for ex in rows]  # an example's gradient
+    norms = sorted(flat_norm(w) for w in whole)
+    c = norms[len(norms) // 2]
+    expected = [sum(w[j] * min(1.0, c / (flat_norm(w) + 1e-6)) for w in whole) for j in range(len(whole[0]))]
+    items, collate = one_by_one(data, n, task.rows_per_example)
+    dp = LoopSGD(model, torch.optim.SGD(model.parameters(), lr=0.1), Budget(0.0, 0.5, 1e-5),
+                 DPSettings(noise_multiplier=1.0, max_grad_norm=c, clipping="loop"), 4, torch.Generator())
+    losses = dp.backward_items(task.example_losses, items, collate, torch.device("cpu"))
+    assert losses.shape == (n,)
+    for e, got in zip(expected, dp.summed):
+        torch.testing.assert_close(got, e.to(got.dtype), rtol=2e-4, atol=2e-6)
+
+
+def test_auto_goes_on_one_example_at_a_time_for_a_model_opacus_cannot_take():
+    """tiny-t5 under clipping = "auto": Opacus refuses its relative attention bias, the round trains by the loop."""
+    from fedsilo.client.private import train_private
+
+    model, data = tiny_t5(), seq_batch(6)
+    items, collate = one_by_one(data, 6, 1)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    budget = Budget(1.0, 0.5, 1e-5)
+    result, _ = train_private(model, items, collate, Sequences, budget, DPSettings(noise_multiplier=1.0),
+                              steps=3, lr=0.01, batch_size=3, optimizer="sgd")
+    assert result.steps == 3 and budget.steps == 3
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+    with pytest.raises(ConfigError, match="use dp.clipping = \"loop\""):
+        train_private(tiny_t5(), items, collate, Sequences, Budget(1.0, 0.5, 1e-5),
+                      DPSettings(noise_multiplier=1.0, clipping="per_example"), steps=1, lr=0.01, batch_size=6,
+                      optimizer="sgd")

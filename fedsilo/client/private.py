@@ -121,7 +121,8 @@ class PrivateSGD:
         tied = ties_parameters(model)
         if settings.clipping == "ghost" and tied:
             raise ValueError("dp.clipping = \"ghost\": this model ties parameters (its embedding is also its output "
-                             "layer), which ghost clipping cannot take; use clipping = \"per_example\" or \"auto\"")
+                             "layer), which ghost clipping cannot take; use clipping = \"per_example\", \"loop\" or "
+                             "\"auto\"")
         self.ghost = settings.clipping == "ghost" or (settings.clipping == "auto" and not tied)
         if self.ghost:
             self.gsm = GradSampleModuleFastGradientClipping(model, batch_first=True, loss_reduction="sum",
@@ -135,6 +136,15 @@ class PrivateSGD:
                               secure_mode=True)
         self.positions = [m.register_forward_pre_hook(with_positions, with_kwargs=True) for m in model.modules()
                           if {"input_ids", "position_ids"} <= set(inspect.signature(m.forward).parameters)]
+
+    @property
+    def mode(self) -> str:
+        return "ghost" if self.ghost else "per_example"
+
+    def backward_items(self, example_losses: Callable, items: Sequence, collate: Callable, device) -> torch.Tensor:
+        from .train import to_device
+
+        return self.backward(example_losses, to_device(collate(list(items)), device), len(items))
 
     def backward(self, example_losses: Callable[[torch.nn.Module, dict], torch.Tensor], batch: dict,
                  n: int) -> torch.Tensor:
@@ -159,8 +169,7 @@ class PrivateSGD:
                 if not isinstance(err.__cause__ or err.__context__, Exception) and (err.__cause__ or err.__context__):
                     raise  # a Ctrl-C or SIGTERM that torch wrapped: the CLI ends it as the stop it is
                 raise ConfigError(f"DP-SGD: Opacus cannot compute per-example gradients for this model ({type(self.model).__name__}: "
-                                  f"{str(err).splitlines()[0]}); the encoders (minilm, tiny-bert, BERT checkpoints) and "
-                                  "the Marian-shaped transformer are supported (docs/privacy.md)") from None
+                                  f"{str(err).splitlines()[0]}); use dp.clipping = \"loop\" (or \"auto\")") from None
         self._check_rows(rows)
         return out
 
@@ -177,8 +186,8 @@ class PrivateSGD:
             if got is None or got.shape[0] != rows:
                 raise ConfigError(f"DP-SGD: parameter {name!r} has no per-example gradient for the batch's {rows} rows "
                                  f"({'none' if got is None else got.shape[0]}): its layer mixes the rows of a batch "
-                                 "(e.g. T5's relative attention bias), so it cannot be clipped per example; use a "
-                                 "model without it (model.name = \"transformer\") or freeze that parameter")
+                                 "(e.g. T5's relative attention bias), so Opacus cannot clip it per example; use "
+                                 "dp.clipping = \"loop\" (or \"auto\")")
 
     def _backward(self, losses: torch.Tensor, outputs: list) -> torch.Tensor:
         if not self.ghost:
@@ -232,6 +241,58 @@ class PrivateSGD:
                     delattr(p, attr)
 
 
+class LoopSGD:
+    """DP-SGD for any model: each example of the sample through its own forward and backward, its gradient
+    clipped to C whole (all its rows together), the clipped sum plus N(0, σ²C²) over the expected batch.
+    Slower than Opacus's batched rules (one pass per example), for the models they cannot take."""
+    mode = "loop"
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, budget: Budget,
+                 settings: DPSettings, expected_batch: int, g: torch.Generator) -> None:
+        self.model, self.plain, self.g = model, optimizer, g
+        self.sigma, self.clip, self.batch = budget.noise_multiplier, settings.max_grad_norm, expected_batch
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.summed = [torch.zeros_like(p) for p in self.params]
+
+    def backward_items(self, example_losses: Callable, items: Sequence, collate: Callable, device) -> torch.Tensor:
+        from .train import to_device
+
+        losses = []
+        for item in items:
+            loss = example_losses(self.model, to_device(collate([item]), device)).sum()
+            grads = torch.autograd.grad(loss, self.params, allow_unused=True)
+            norm = math.sqrt(sum(float(gr.double().pow(2).sum()) for gr in grads if gr is not None))
+            scale = min(1.0, self.clip / (norm + 1e-6))
+            for acc, gr in zip(self.summed, grads):
+                if gr is not None:
+                    acc.add_(gr, alpha=scale)
+            losses.append(loss.detach())
+        return torch.stack(losses)
+
+    def empty(self) -> None:
+        """Nothing sampled: the step is the noise alone."""
+
+    def step(self, extra: Callable[[], Sequence[torch.Tensor] | None] | None = None,
+             max_grad_norm: float | None = None) -> None:
+        from opacus.optimizers.optimizer import _generate_noise  # Opacus's noise, in its secure mode
+
+        for p, acc in zip(self.params, self.summed):
+            p.grad = (acc + _generate_noise(self.sigma * self.clip, acc, self.g, secure_mode=True)) / self.batch
+            acc.zero_()
+        grads = extra() if extra is not None else None
+        if grads:
+            for p, gr in zip(self.params, grads):
+                if gr is not None:
+                    p.grad.add_(gr)
+        if max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(self.params, max_grad_norm)
+        self.plain.step()
+        self.plain.zero_grad(set_to_none=True)
+
+    def close(self) -> None:
+        self.summed = []
+
+
 def with_positions(_model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
     """A forward pre-hook: explicit position ids, one row per input row. BERT's default is one (1, L)
     row broadcast over the batch, which per-example clipping cannot split by example."""
@@ -277,7 +338,7 @@ def train_private(model: torch.nn.Module, examples: Sequence, collate: Callable[
     from .objective import objective_terms
     from .optim import make_optimizer
     from .schedule import StepSchedule
-    from .train import LocalResult, param_groups, to_device
+    from .train import LocalResult, param_groups
 
     params = dict(model.named_parameters())
     device = next(iter(params.values())).device
@@ -286,8 +347,9 @@ def train_private(model: torch.nn.Module, examples: Sequence, collate: Callable[
         optimizer_state(plain)
     schedule = StepSchedule(lr_schedule, plain, warmup, schedule_start, schedule_total or steps)
     g = generator(settings, seed)  # the Poisson samples
-    dp = PrivateSGD(model, plain, budget, settings, task.rows_per_example, batch_size,
-                    generator(settings, seed + 1, device))  # the noise
+    noise = generator(settings, seed + 1, device)
+    dp = LoopSGD(model, plain, budget, settings, batch_size, noise) if settings.clipping == "loop" else \
+        PrivateSGD(model, plain, budget, settings, task.rows_per_example, batch_size, noise)
     extra = regularizer_grads(params, anchor or {}, regularizers or {}, objective_terms)
     loss_sum, seen, last_lr = 0.0, 0, math.nan
     fork = torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
@@ -298,8 +360,16 @@ def train_private(model: torch.nn.Module, examples: Sequence, collate: Callable[
             for _ in range(steps):
                 picked = poisson_sample(len(examples), budget.sample_rate, g)
                 if picked:
-                    batch = to_device(collate([examples[i] for i in picked]), device)
-                    losses = dp.backward(task.example_losses, batch, len(picked))
+                    items = [examples[i] for i in picked]
+                    try:
+                        losses = dp.backward_items(task.example_losses, items, collate, device)
+                    except ConfigError:  # a model Opacus's batched rules cannot take: `auto` goes on one by one
+                        if settings.clipping != "auto" or dp.mode == "loop":
+                            raise
+                        dp.close()
+                        plain.zero_grad(set_to_none=True)
+                        dp = LoopSGD(model, plain, budget, settings, batch_size, noise)
+                        losses = dp.backward_items(task.example_losses, items, collate, device)
                     loss_sum, seen = loss_sum + float(losses.sum()), seen + len(picked)
                 else:
                     dp.empty()

@@ -34,9 +34,11 @@ class DPSettings(Strict):
                                 "target_epsilon is only the cap")
     delta: FiniteFloat | None = Field(None, gt=0, lt=1, description="δ; None: 1/(10·n) for a silo of n examples")
     max_grad_norm: FiniteFloat = Field(1.0, gt=0, description="C: each example's gradient is clipped to it")
-    clipping: Literal["auto", "ghost", "per_example"] = Field(
+    clipping: Literal["auto", "ghost", "per_example", "loop"] = Field(
         "auto", description="ghost: per-example norms without per-example gradients (memory as plain training); "
-                            "per_example: Opacus's per-example gradients; auto: ghost unless the model ties parameters")
+                            "per_example: Opacus's per-example gradients; loop: one forward and backward per example "
+                            "(any model, slower); auto: ghost unless the model ties parameters, else per_example, "
+                            "and loop for a model Opacus's batched rules cannot take")
     noise: Literal["secret", "seeded"] = Field(
         "secret", description="secret: sampling and noise from os.urandom (what the guarantee assumes); seeded: "
                               "from the run seed, to reproduce numbers exactly. Anyone who knows the seed can "
