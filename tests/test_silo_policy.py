@@ -106,3 +106,18 @@ def test_a_supernode_enforces_its_own_policy_against_the_servers_config(tmp_path
         gamma = record["clients"]["gamma"]
         assert "require_secure_aggregation" in gamma["refused"] and gamma["bytes_up"] == 0
         assert "flower_bytes_up" not in gamma and record["applied"]
+
+
+def test_deploy_checks_each_policy_before_any_process_starts(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    config = tmp_path / "toy.toml"
+    config.write_text(to_toml(toy_config(federation={"rounds": 1})))
+    good = policy_file(tmp_path, "require_dp = true")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("max_rounds = -1")
+    out = ["--out", str(tmp_path / "run"), "--workdir", str(tmp_path / "work")]
+    assert main(["deploy", str(config), *out, "--policy", f"nosuch={good}"]) == 2
+    assert "'nosuch' is not a silo of this run" in capsys.readouterr().err
+    assert main(["deploy", str(config), *out, "--policy", f"gamma={bad}"]) == 2
+    assert f"silo policy {bad.resolve()}: max_rounds" in capsys.readouterr().err
+    assert not (tmp_path / "work" / "processes").exists()  # no SuperLink or SuperNode was started
