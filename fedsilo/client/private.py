@@ -104,6 +104,20 @@ def poisson_sample(n: int, q: float, g: torch.Generator) -> list[int]:
     return torch.nonzero(torch.rand(n, generator=g) < q).flatten().tolist()
 
 
+def finish_step(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
+                extra: Callable[[], Sequence[torch.Tensor] | None] | None, max_grad_norm: float | None) -> None:
+    """After the noisy gradient is in place: the data-free gradients (regularisers), the post-processing
+    clip of `client.max_grad_norm`, and the optimiser's own step."""
+    grads = extra() if extra is not None else None
+    if grads:
+        for p, gr in zip(params, grads):
+            if gr is not None:
+                p.grad.add_(gr)
+    if max_grad_norm:
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    optimizer.step()
+
+
 class PrivateSGD:
     """Opacus's per-example clipping and noise around the working model and its optimiser, for one
     round; `close` takes Opacus's hooks off the model (the in-process silos share it)."""
@@ -221,14 +235,7 @@ class PrivateSGD:
         """Clip, noise, average; then the data-free gradients (regularisers), the post-processing clip of
         `client.max_grad_norm`, and the optimiser's own step."""
         self.optimizer.pre_step()
-        grads = extra() if extra is not None else None
-        if grads:
-            for p, gr in zip(self.params, grads):
-                if gr is not None:
-                    p.grad.add_(gr)
-        if max_grad_norm:
-            torch.nn.utils.clip_grad_norm_(self.params, max_grad_norm)
-        self.optimizer.original_optimizer.step()
+        finish_step(self.params, self.optimizer.original_optimizer, extra, max_grad_norm)
         self.optimizer.zero_grad(set_to_none=True)
 
     def close(self) -> None:
@@ -279,14 +286,7 @@ class LoopSGD:
         for p, acc in zip(self.params, self.summed):
             p.grad = (acc + _generate_noise(self.sigma * self.clip, acc, self.g, secure_mode=True)) / self.batch
             acc.zero_()
-        grads = extra() if extra is not None else None
-        if grads:
-            for p, gr in zip(self.params, grads):
-                if gr is not None:
-                    p.grad.add_(gr)
-        if max_grad_norm:
-            torch.nn.utils.clip_grad_norm_(self.params, max_grad_norm)
-        self.plain.step()
+        finish_step(self.params, self.plain, extra, max_grad_norm)
         self.plain.zero_grad(set_to_none=True)
 
     def close(self) -> None:
