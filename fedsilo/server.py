@@ -222,9 +222,15 @@ class Server:
             entry["transforms"] = [{k: _json_number(v) if isinstance(v, float) else v for k, v in t.items()}
                                    for t in update.transforms]
         self._record[client] = entry
+        reason = None
         if self.plan.upload_transforms:
-            update = dataclasses.replace(update, tensors=decode(self.plan.upload_transforms, update.tensors))
-        delta, reason, norm = self._delta(client, update)
+            try:  # a codec's wire form that does not decode (a bad shape, a missing scale) is the silo's fault
+                update = dataclasses.replace(update, tensors=decode(self.plan.upload_transforms, update.tensors,
+                                                                    self.params))
+            except (ValueError, KeyError, RuntimeError) as err:
+                reason = f"its upload does not decode: {err}"
+        if reason is None:
+            delta, reason, norm = self._delta(client, update)
         if reason:
             entry["rejected"] = reason
             if not isinstance(update.n_examples, int):

@@ -29,7 +29,7 @@ def _register_test_transforms():
     if "test-shift" not in UPLOAD_TRANSFORMS:
         UPLOAD_TRANSFORMS.add("test-shift", UploadTransform(
             lambda v, ctx, o: ({k: t + 1 for k, t in v.items()}, {"shifted": 1.0}),
-            lambda v, o: {k: t - 1 for k, t in v.items()}, needs_reference=False))
+            lambda v, ref, o: {k: t - 1 for k, t in v.items()}, needs_reference=False))
         UPLOAD_TRANSFORMS.add("test-double", UploadTransform(
             lambda v, ctx, o: ({k: ctx.reference[k] + 2 * (t - ctx.reference[k]) for k, t in v.items()}, {})))
 
@@ -62,7 +62,7 @@ def test_the_chain_runs_in_order_and_the_server_undoes_it_in_reverse():
     codec = UPLOAD_TRANSFORMS.resolve_chain([{"name": "test-shift"}, {"name": "clip", "max_norm": 0.5}], "t")
     sent, records = encode(codec, now, _ctx(ref))
     assert records[0] == {"name": "test-shift", "shifted": 1.0} and records[1]["clipped"] is True
-    back = decode(codec, sent)  # clip has nothing to undo; the shift comes off
+    back = decode(codec, sent, ref)  # clip has nothing to undo; the shift comes off
     for k in now:
         torch.testing.assert_close(back[k], sent[k] - 1)
 

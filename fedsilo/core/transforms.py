@@ -4,7 +4,13 @@ After local training a client has the values of the shared tensors it will uploa
 upload selector). Each transform of `exchange.upload_transforms`, in order, may change them before
 they are sent — clip the update, add noise, quantise, mask — and returns a small record of what it did
 (rounds.jsonl keeps it per client). The server undoes the chain in reverse order (`decode`: unmask,
-dequantise; identity for a transform that needs nothing undone) before it forms Δ_i = w_i − w.
+dequantise; identity for a transform that needs nothing undone) before it forms Δ_i = w_i − w. A decode
+is given the server's values of the tensors (the reference the client's Δ was taken against), so a codec
+may send Δ alone (compressed) and the server add it back.
+
+A transform may keep state on the silo between rounds (`TransformContext.state`, e.g. the residual
+error feedback carries into the next round): the silo stores it with its other state, so a resumed run
+continues with the same residual.
 
 A transform sees the update Δ = sent − reference, where the reference is what the client received
 this round (the server's global values), so every uploaded tensor must have been received: a
@@ -16,9 +22,10 @@ is trained and nothing leaves the silo. The privacy issue's silo policy is such 
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -34,14 +41,16 @@ class TransformContext:
     client: str
     reference: Tensors  # what the client received this round: the server's values of these tensors
     seed: int = 0
+    state: Tensors = field(default_factory=dict)  # this transform's own tensors kept on the silo (in place)
 
 
 @dataclass(frozen=True)
 class UploadTransform:
-    """encode(values, ctx, options) -> (values to send, record) on the client; decode(values, options)
-    -> values on the server (None: nothing to undo)."""
+    """encode(values, ctx, options) -> (values to send, record) on the client; decode(values, reference,
+    options) -> values on the server, `reference` being its own values of those tensors (None: nothing
+    to undo)."""
     encode: Callable[[Tensors, TransformContext, BaseModel | None], tuple[Tensors, dict]]
-    decode: Callable[[Tensors, BaseModel | None], Tensors] | None = None
+    decode: Callable[[Tensors, Tensors, BaseModel | None], Tensors] | None = None
     needs_reference: bool = True  # reads Δ = values − what the client received
 
 
@@ -73,25 +82,27 @@ def _clip(values: Tensors, ctx: TransformContext, options: ClipSettings) -> tupl
 UPLOAD_TRANSFORMS.add("clip", UploadTransform(_clip), ClipSettings)
 
 
-def encode(chain: Sequence[Policy[UploadTransform]], values: Tensors, ctx: TransformContext
-           ) -> tuple[Tensors, list[dict]]:
-    """The chain applied in order; one record per transform ({"name": …, **what it did})."""
+def encode(chain: Sequence[Policy[UploadTransform]], values: Tensors, ctx: TransformContext,
+           states: Sequence[Tensors] | None = None) -> tuple[Tensors, list[dict]]:
+    """The chain applied in order; one record per transform ({"name": …, **what it did}). `states[i]`:
+    transform i's kept tensors (updated in place; default: none kept)."""
     missing = [k for k in values if k not in ctx.reference] if any(p.value.needs_reference for p in chain) else []
     if missing:
         raise ValueError(f"upload transforms need the received value of every uploaded tensor; "
                          f"{ctx.client} did not receive {missing[:3]} this round")
     records = []
-    for policy in chain:
-        values, record = policy.value.encode(values, ctx, policy.options)
+    for i, policy in enumerate(chain):
+        step = dataclasses.replace(ctx, state=states[i] if states is not None else {})
+        values, record = policy.value.encode(values, step, policy.options)
         records.append({"name": policy.name, **record})
     return values, records
 
 
-def decode(chain: Sequence[Policy[UploadTransform]], values: Tensors) -> Tensors:
-    """The server's side: each transform's decode, in reverse order."""
+def decode(chain: Sequence[Policy[UploadTransform]], values: Tensors, reference: Tensors) -> Tensors:
+    """The server's side: each transform's decode, in reverse order, against the server's own values."""
     for policy in reversed(chain):
         if policy.value.decode is not None:
-            values = policy.value.decode(values, policy.options)
+            values = policy.value.decode(values, reference, policy.options)
     return values
 
 
