@@ -21,11 +21,13 @@ from fedsilo import builtins  # noqa: F401  (fills every registry a config names
 from fedsilo.client.settings import ClientConfig
 from fedsilo.core.aggregate import AGGREGATIONS, ROBUST_MIN_CLIENTS
 from fedsilo.core.exchange import DOWNLOADS, OVERWRITES, SELECTORS
+from fedsilo.core.lora import LORA_AGGREGATIONS
 from fedsilo.core.messages import STATISTICS, is_statistic
 from fedsilo.core.server_opt import BIAS_CORRECTIONS, SERVER_OPTIMIZERS, unread_correction, unread_hyperparameters
 from fedsilo.core.transforms import UPLOAD_TRANSFORMS
 from fedsilo.core.weighting import WEIGHTINGS
 from fedsilo.errors import ConfigError, ConfigWarning
+from fedsilo.models.lora import lora_settings
 from fedsilo.models.settings import ModelConfig, default_name, reads_task_tokenizer, unread_sizes
 from fedsilo.paradigms import PARADIGMS, Paradigm
 from fedsilo.settings import FiniteFloat, Limit, SectionError, Strict, choice, where_what
@@ -402,6 +404,33 @@ class RunConfig(Strict):
             raise SectionError(f"federation.weighting = {self.federation.weighting!r} reads each silo's {stat}, a loss "
                              f"on its records that a silo under {where} does not send (it is not privatised); use "
                              "weighting = \"size\" or \"equal\"")
+        return self
+
+    @model_validator(mode="after")
+    def _lora_combines(self) -> "RunConfig":
+        # What the exact merge and per-silo ranks need from the rest of the run; refused by name.
+        lora = lora_settings(self.model)
+        if lora is None:
+            return self
+        unknown = sorted(set(lora.ranks) - set(self.task.client_names()))
+        if unknown:
+            raise SectionError(f"model.surgery.options.ranks: {unknown[0]!r} is not a silo of this run "
+                               f"({', '.join(self.task.client_names())})")
+        dp_silos = [c for c in self.task.client_names() if self.client_config(c).dp is not None]
+        if lora.ranks and dp_silos:
+            raise SectionError(f"model.surgery.options.ranks with DP-SGD ({dp_silos[0]}): the noise would fill the "
+                               "rows a lower-rank silo keeps at zero; give every silo the same rank")
+        if LORA_AGGREGATIONS.get(lora.aggregation).merge:
+            why = ("the server merges each silo's own product B·A into the base weights, so it needs each "
+                   "silo's adapters apart")
+            if self.federation.secure_aggregation is not None:
+                raise SectionError(f"model.surgery.options.aggregation = \"exact\" cannot run with "
+                                   f"federation.secure_aggregation: {why}; use aggregation = \"ffa\" (exact "
+                                   "under a sum: every silo shares A)")
+            if self.federation.silo_dp is not None:
+                raise SectionError(f"model.surgery.options.aggregation = \"exact\" cannot run with "
+                                   f"federation.silo_dp: its clip bounds the adapters' change, not the product's; "
+                                   "use aggregation = \"ffa\" or \"fedit\"")
         return self
 
     @model_validator(mode="after")

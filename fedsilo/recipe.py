@@ -28,7 +28,9 @@ from fedsilo.core.tensors import Tensors
 from fedsilo.core.transforms import UPLOAD_TRANSFORMS
 from fedsilo.core.weighting import WEIGHTINGS, WeightingPolicy
 from fedsilo.errors import ConfigError
+from fedsilo.core.lora import LORA_AGGREGATIONS
 from fedsilo.models import MODEL_KINDS, SURGERIES
+from fedsilo.models.lora import lora_settings
 from fedsilo.models.precision import check_precision, set_tf32
 from fedsilo.privacy.accountant import Budget, noise_for
 from fedsilo.privacy.silo_dp import SiloDP
@@ -56,8 +58,11 @@ def build_recipe(cfg: RunConfig) -> Recipe:
 
 
 def exchange_plan(cfg: RunConfig) -> ExchangePlan:
+    """The config's exchange section; a LoRA head kept by each silo (`head = "private"`) is private."""
     x = cfg.exchange
-    return ExchangePlan(tuple(x.shared), tuple(x.private),
+    lora = lora_settings(cfg.model)
+    private = tuple(x.private) + (("*.modules_to_save.*",) if lora and lora.head == "private" else ())
+    return ExchangePlan(tuple(x.shared), private,
                         SELECTORS.resolve(x.upload, x.upload_options, "exchange.upload_options"),
                         DOWNLOADS.resolve(x.download), OVERWRITES.resolve(x.overwrite),
                         UPLOAD_TRANSFORMS.resolve_chain(x.upload_transforms, "exchange.upload_transforms"))
@@ -96,9 +101,9 @@ def build_model(cfg: RunConfig) -> tuple[torch.nn.Module, object]:
     `model.init_from`'s tensors."""
     mcfg = model_config(cfg)
     model, tokenizer = MODEL_KINDS.get(mcfg.kind)(mcfg, cfg.seed, task_tokenizer(cfg))
-    if mcfg.surgery is not None:
+    for surgery in mcfg.surgeries:
         device = next(model.parameters()).device
-        SURGERIES.get(mcfg.surgery.name)(model, mcfg.surgery.settings(), cfg.seed)
+        SURGERIES.get(surgery.name)(model, surgery.settings(), cfg.seed)
         model.to(device)
     if mcfg.init_from:
         load_tensors(model, init_tensors(mcfg.init_from, federated_parameters(model)))
@@ -154,7 +159,14 @@ def build_server(cfg: RunConfig, model: torch.nn.Module, recipe: Recipe | None =
     return Server({k: params[k].detach() for k in shared}, opt, recipe.weighting, recipe.plan, recipe.statistic,
                   aggregation=recipe.aggregation, max_client_weight=f.max_client_weight,
                   max_weight_ratio=_on(f.max_weight_ratio), clip_norm=f.clip_norm,
-                  max_update_ratio=_on(f.max_update_ratio), max_step_ratio=_on(f.max_step_ratio), silo_dp=dp)
+                  max_update_ratio=_on(f.max_update_ratio), max_step_ratio=_on(f.max_step_ratio), silo_dp=dp,
+                  lora_merge=_merge_scaling(cfg))
+
+
+def _merge_scaling(cfg: RunConfig) -> float | None:
+    """The exact LoRA merge's scaling alpha / rank (None: no merge)."""
+    lora = lora_settings(cfg.model)
+    return lora.scaling if lora is not None and LORA_AGGREGATIONS.get(lora.aggregation).merge else None
 
 
 def silo_dp_plan(cfg: RunConfig) -> tuple[float, float, float]:
@@ -215,9 +227,16 @@ def build_client(cfg: RunConfig, task, model, store: ClientStore, name: str, ind
                           precision=cfg.model.precision, rounds=cfg.federation.rounds,
                           secure=secure_upload(cfg, model, plan),
                           silo_clip=silo_dp_plan(cfg)[1:] if cfg.federation.silo_dp is not None else None,
-                          seeded_noise=cfg.federation.silo_dp is not None and cfg.federation.silo_dp.noise == "seeded")
+                          seeded_noise=cfg.federation.silo_dp is not None and cfg.federation.silo_dp.noise == "seeded",
+                          lora_rank=_lora_rank(cfg, name))
     except TypeError as err:  # an objective the task cannot serve
         raise ConfigError(f"client.objective = {client_cfg.objective!r}: {err}") from None
+
+
+def _lora_rank(cfg: RunConfig, silo: str) -> int | None:
+    """The silo's own LoRA rank when it trains below the layers' rank."""
+    lora = lora_settings(cfg.model)
+    return lora.ranks.get(silo) if lora is not None else None
 
 
 def build_clients(cfg: RunConfig, task, model, store: ClientStore, initial: Tensors | None = None,

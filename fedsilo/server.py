@@ -17,6 +17,7 @@ import torch
 
 from fedsilo.core.aggregate import AGGREGATIONS, ROBUST_MIN_CLIENTS, Aggregation, RoundAggregator
 from fedsilo.core.exchange import ExchangePlan
+from fedsilo.core.lora import merged_delta
 from fedsilo.core.masking import Layout, mean_from_sum
 from fedsilo.core.messages import ClientUpdate
 from fedsilo.core.server_opt import ServerOptimizer
@@ -90,8 +91,10 @@ class Server:
                  aggregation: Policy[Aggregation] | None = None,
                  max_client_weight: float | None = None, max_weight_ratio: float | None = None,
                  clip_norm: float | None = None, max_update_ratio: float | None = None,
-                 max_step_ratio: float | None = None, silo_dp: SiloDP | None = None) -> None:
+                 max_step_ratio: float | None = None, silo_dp: SiloDP | None = None,
+                 lora_merge: float | None = None) -> None:
         self.params = clone(global_tensors)
+        self.lora_merge = lora_merge  # exact LoRA: each silo's s·BᵢAᵢ is its Δ on the base weights (s given)
         self.optimizer = optimizer
         self.weighting = weighting
         self.stat = weighting_stat or weighting.value.reads
@@ -157,6 +160,8 @@ class Server:
         if not is_finite(cast):
             return None, f"values overflow the server's dtype ({next(iter(self.params.values())).dtype})", None
         delta = {k: t - self.params[k] for k, t in cast.items()}
+        if self.lora_merge is not None:
+            delta = merged_delta(delta, self.params, self.lora_merge)
         norm = _norm(delta)
         if not math.isfinite(norm):
             return None, "the update's difference to the global tensors overflows", None

@@ -24,7 +24,9 @@ from fedsilo.core.messages import ClientUpdate
 from fedsilo.core.tensors import Tensors
 from fedsilo.core.transforms import (SILO_CHECKS, RoundInstructions, SiloRefused, TransformContext, encode,
                                      refusal)
+from fedsilo.core.lora import limit_rank
 from fedsilo.errors import StoreError
+from fedsilo.models.lora import RECEIVED_ONLY
 from fedsilo.models.precision import autocast
 from fedsilo.tasks.tokens import PreTokenized, row_length, tokenized
 
@@ -45,8 +47,16 @@ def client_seed(seed: int, round_idx: int, silo_idx: int) -> int:
 
 def federated_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
     """The parameters federation deals in: the trainable ones. A frozen parameter (sinusoidal
-    positions) is the same on every client by construction, so it is never sent or stored."""
-    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+    positions, a LoRA model's base) is the same on every client by construction, so it is never sent
+    or stored — unless the model names it received-only (`received_only`)."""
+    extra = set(received_only(model))
+    return {n: p for n, p in model.named_parameters() if p.requires_grad or n in extra}
+
+
+def received_only(model: torch.nn.Module) -> tuple[str, ...]:
+    """Frozen parameters the server still sends and changes (the exact LoRA merge's base weights): a silo
+    receives them and never uploads them."""
+    return tuple(getattr(model, RECEIVED_ONLY, ()))
 
 
 def load_tensors(model: torch.nn.Module, *tensor_sets: Tensors) -> None:
@@ -63,8 +73,9 @@ class SiloClient:
                  model: torch.nn.Module, plan: ExchangePlan, store: ClientStore, initial: Tensors,
                  persist_optimizer: bool = False, token_cache: Path | None = None, precision: str = "fp32",
                  rounds: int = 1, secure: tuple | None = None, silo_clip: tuple[float, float] | None = None,
-                 seeded_noise: bool = False) -> None:
+                 seeded_noise: bool = False, lora_rank: int | None = None) -> None:
         self.name, self.index = name, index
+        self.lora_rank = lora_rank  # heterogeneous LoRA ranks: this silo's adapters are held at this rank
         self.silo_clip, self.seeded_noise = silo_clip, seeded_noise  # silo-level DP: (C, the noise std it adds)
         self.policy: tuple[SiloPolicy, str] | None = None  # the silo's own policy file (fedsilo.client.policy)
         self.secure = secure  # secure aggregation: (masking.Layout, WeightingPolicy, the statistic it reads)
@@ -72,6 +83,7 @@ class SiloClient:
         self.examples, self.task, self.cfg = examples, task, cfg
         self.model, self.plan, self.store = model, plan, store
         self.shared_names, self.private_names = plan.split(federated_parameters(model))
+        self.received_only = set(received_only(model))
         self.initial = initial  # the initial private tensors (one copy shared by all clients)
         self.persist_optimizer = persist_optimizer
         self.precision = precision
@@ -119,7 +131,15 @@ class SiloClient:
         taken = self.plan.choose_overwrite(list(received), uploaded)
         own = state.slot("own") or {k: v for k, v in self.initial.items()}
         load_tensors(self.model, own, {k: received[k] for k in taken})
+        self._limit_rank()
         return taken
+
+    def _limit_rank(self) -> None:
+        """A silo of a lower LoRA rank zeroes its adapters' rows and columns above it (fedsilo.core.lora)."""
+        if self.lora_rank is not None:
+            params = federated_parameters(self.model)
+            load_tensors(self.model, limit_rank({k: params[k].detach() for k in params if ".lora_" in k},
+                                                self.lora_rank))
 
     def load_for_eval(self, global_tensors: Tensors) -> None:
         """The model this silo would train from next: what it would receive and take, over its own;
@@ -178,6 +198,7 @@ class SiloClient:
             result, opt = self._train(items, collate, lengths, received, run_seed, steps_done, restore, on_step,
                                       schedule_start, schedule_total)
         phases["training"] = time.perf_counter() - start - sum(phases.values())
+        self._limit_rank()  # a regulariser (FedProx) may have pulled the zero rows towards the global ones
         params = federated_parameters(self.model)
         with torch.no_grad():
             now = {k: params[k].detach() for k in self.shared_names}
@@ -185,7 +206,7 @@ class SiloClient:
             previous = self._reference(own, received)
             ctx = SelectionContext(round_idx, self.name, self.shared_names, now, previous, seed,
                                    self.plan.upload_options)
-            upload = self.plan.choose_upload(ctx)
+            upload = [k for k in self.plan.choose_upload(ctx) if k not in self.received_only]
             slots, meta = self._kept(state, params, upload, result.steps, opt)
             if budget is not None:
                 meta["dp"] = budget.to_meta()

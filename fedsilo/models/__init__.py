@@ -8,6 +8,7 @@ from collections.abc import Callable
 from fedsilo.registry import Registry
 
 from .controllers import ControllerSettings, apply_controllers
+from .lora import LoraSettings, apply_lora  # peft is imported when the surgery runs
 from .patches import PatchSettings, apply_patches  # torch and pydantic only: transformers stays lazy
 
 # kind(model config, seed, task_tokenizer) -> (model, tokenizer); task_tokenizer() gives the task's own
@@ -31,3 +32,4 @@ MODEL_KINDS.add("seq2seq", _seq2seq)
 MODEL_KINDS.add("encoder", _encoder)
 SURGERIES.add("patches", apply_patches, PatchSettings)  # FedMatch private patches
 SURGERIES.add("controllers", apply_controllers, ControllerSettings)  # Roosta et al.'s exchanged layers
+SURGERIES.add("lora", apply_lora, LoraSettings)  # low-rank adapters over a frozen base (peft)

@@ -43,19 +43,35 @@ class ModelConfig(Strict):
         "fp32", description="client training and evaluation under autocast (bf16, or fp16 with a grad scaler); "
                             "weights, server aggregation and the server optimiser stay fp32")
     tf32: bool = Field(True, description="TF32 matmuls on CUDA (Ampere or newer): fp32 weights, faster matmuls")
-    surgery: SurgeryConfig | None = None
+    surgery: SurgeryConfig | list[SurgeryConfig] | None = Field(
+        None, description="a model surgery, or a list applied in order (lora first: it freezes what exists)")
     init_from: str | None = Field(None, description="start from this run directory's best.pt (the global "
                                                     "model) or a checkpoint file, e.g. a generic engine")
 
+    @property
+    def surgeries(self) -> tuple[SurgeryConfig, ...]:
+        """The surgeries in the order they are applied."""
+        if self.surgery is None:
+            return ()
+        return tuple(self.surgery) if isinstance(self.surgery, list) else (self.surgery,)
+
     @model_validator(mode="after")
     def _surgery_fits_model(self) -> "ModelConfig":
-        # A surgery may refuse a model by kind and name before it is built (patches: no seq2seq model).
-        check = getattr(SURGERIES.entry(self.surgery.name).settings, "check_model", None) if self.surgery else None
-        if check is not None:
-            try:
-                check(self.kind, self.name)
-            except ValueError as err:
-                raise SectionError(f"model.surgery: {err}") from None
+        names = [s.name for s in self.surgeries]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise SectionError(f"model.surgery: {repeated[0]!r} is listed twice")
+        if "lora" in names[1:]:
+            raise SectionError(f"model.surgery: list lora first (it freezes every parameter that exists when it "
+                               f"runs, so it would freeze {names[0]!r}'s)")
+        for surgery in self.surgeries:
+            # A surgery may refuse a model by kind and name before it is built (patches: no seq2seq model).
+            check = getattr(SURGERIES.entry(surgery.name).settings, "check_model", None)
+            if check is not None:
+                try:
+                    check(self.kind, self.name)
+                except ValueError as err:
+                    raise SectionError(f"model.surgery: {err}") from None
         return self
 
 
