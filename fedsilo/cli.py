@@ -170,6 +170,17 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from fedsilo.runs.export import export_adapters
+
+    out, personal = export_adapters(Path(args.run_dir), Path(args.out), args.silo, args.with_base)
+    if args.silo is not None:
+        print(f"{args.silo}: {len(personal)} of its own tensors over the global ones" if personal else
+              f"{args.silo} keeps no tensors of its own (exchange.private is empty): these are the global adapters")
+    print(f"adapters: {out} (load with peft.PeftModel.from_pretrained(base_model, {str(out)!r}))")
+    return 0
+
+
 def _cmd_compare(args: argparse.Namespace) -> int:
     from fedsilo.runs.compare import CompareError, compare_runs
 
@@ -267,7 +278,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
                    help="print fedsilo's version and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                           help="run, study, deploy, report, compare, init or data (COMMAND --help for its options)")
+                           help="run, study, deploy, report, export, compare, init or data (COMMAND --help for its options)")
 
     def common(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("config", help="experiment TOML, e.g. experiments/lorar/small.toml")
@@ -309,6 +320,14 @@ def parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="(re)write report.md and plots of a run directory")
     rep.add_argument("run_dir", help="a run directory (holding rounds.jsonl), e.g. runs/lorar-small")
     rep.set_defaults(func=_cmd_report)
+    exp = sub.add_parser("export", help="write a LoRA run's adapters in peft's format (adapter_config.json + "
+                                        "adapter_model.safetensors), global or one silo's own")
+    exp.add_argument("run_dir", help="a run directory of a config with the lora surgery")
+    exp.add_argument("--out", required=True, help="the folder to write")
+    exp.add_argument("--silo", help="export this silo's personal adapters (its private tensors over the global ones)")
+    exp.add_argument("--with-base", action="store_true", help="also save the base model (DIR/base) the adapters "
+                                                              "load onto")
+    exp.set_defaults(func=_cmd_export)
     cmp = sub.add_parser("compare", help="task-by-task improvement of a run over a baseline run: PIR, APIR, "
                                          "Win/Lose/Tie (the FewFedWeight paper's metrics)")
     cmp.add_argument("run", help="a finished run directory")
