@@ -46,7 +46,7 @@ class LoraSettings(BaseModel):
     alpha: float = Field(16.0, gt=0, allow_inf_nan=False, description="the scaling is alpha / rank")
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapters' input")
     target_modules: list[str] | None = Field(None, min_length=1, description="layers to adapt (peft's names); "
-                                                                            "default: peft's for the architecture")
+                                                                            "default: peft's for the architecture, else the attention's query and value")
     head: Literal["shared", "private", "frozen"] | None = Field(
         None, description="the task head: shared, private or frozen (default: shared on an encoder, frozen on "
                           "a seq2seq model)")
@@ -73,10 +73,14 @@ def _default_targets(model: torch.nn.Module) -> list[str]:
     kind = getattr(config, "model_type", None)
     if kind == "encoder-decoder":  # minilm2bert: BERT encoder and decoder
         kind = config.encoder.model_type
-    if kind not in TARGETS:
-        raise SurgeryError(f"lora: no default layers for a {kind or type(model).__name__} model; set "
-                           "model.surgery.options.target_modules (e.g. [\"q_proj\", \"v_proj\"])")
-    return list(TARGETS[kind])
+    if kind in TARGETS:
+        return list(TARGETS[kind])
+    leaves = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    for pair in (("q_proj", "v_proj"), ("query", "value"), ("q", "v")):  # attention's query and value (Marian: q_proj)
+        if set(pair) <= leaves:
+            return list(pair)
+    raise SurgeryError(f"lora: no default layers for a {kind or type(model).__name__} model; set "
+                       "model.surgery.options.target_modules (e.g. [\"q_proj\", \"v_proj\"])")
 
 
 def _head(model: torch.nn.Module, settings: LoraSettings) -> list[str]:
@@ -100,11 +104,18 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings, seed: int = 0) ->
     if any(".lora_" in n for n, _ in model.named_parameters()):
         raise SurgeryError("lora: the model already has LoRA layers")
     targets = settings.target_modules or _default_targets(model)
+    modules = [name for name, _ in model.named_modules()]
+    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in modules)]
+    if missing:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        raise SurgeryError(f"lora: target_modules {missing} name no layer of this model; its linear layers are "
+                           f"called {', '.join(linear[:12])}")
     head = _head(model, settings)
     config = LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
                         target_modules=targets, modules_to_save=head or None, bias="none")
     try:
-        inject_adapter_in_model(config, model)
+        with torch.random.fork_rng(devices=[]):  # peft draws its own start from torch's generator; ours replaces it
+            inject_adapter_in_model(config, model)
     except ValueError as err:  # peft: "Target modules {...} not found in the base model"
         raise SurgeryError(f"lora: {err}") from None
     params = dict(model.named_parameters())
