@@ -23,9 +23,9 @@ cost), "error": ‖u − D(C(u))‖/‖u‖ over the upload (0 when u = 0)}.
 
 Error feedback (`error_feedback = true`, the default; Seide et al. 2014, Karimireddy et al. 2019): the
 silo keeps e, what compression dropped, and sends C(Δ + e) next round, so a dropped part is sent later
-instead of lost: after T rounds the server has received Σ Δ_t − e_T, with e_T bounded by one round's
-compression error. e lives in the transform's state on the silo (its store), so a resumed run
-continues with the same residual.
+instead of lost: after T rounds the server has received Σ Δ_t − e_T, e_T being only the last round's
+compression error (for a steady update the sum's relative error falls as 1/T). e lives in the
+transform's state on the silo (its store), so a resumed run continues with the same residual.
 
 A codec is the chain's last transform: what it sends is no longer the tensors' values.
 """
