@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from fedsilo.settings import SectionError, Strict, choice
+from fedsilo.settings import SectionError, Strict, choice, where_what
 
 from . import MODEL_KINDS, SURGERIES
 
@@ -47,6 +47,21 @@ class ModelConfig(Strict):
         None, description="a model surgery, or a list applied in order (lora first: it freezes what exists)")
     init_from: str | None = Field(None, description="start from this run directory's best.pt (the global "
                                                     "model) or a checkpoint file, e.g. a generic engine")
+
+    @field_validator("surgery", mode="before")
+    @classmethod
+    def _each_surgery(cls, value: Any) -> Any:
+        # each table validated on its own, so an error names model.surgery[.i].key (not the union's branches)
+        if value is None or isinstance(value, SurgeryConfig):
+            return value
+        items = value if isinstance(value, list) else [value]
+        out = []
+        for i, item in enumerate(items):
+            try:
+                out.append(item if isinstance(item, SurgeryConfig) else SurgeryConfig.model_validate(item))
+            except ValidationError as err:
+                raise SectionError(where_what(err, "model.surgery" + (f"[{i}]" if isinstance(value, list) else "")))
+        return out if isinstance(value, list) else out[0]
 
     @property
     def surgeries(self) -> tuple[SurgeryConfig, ...]:
