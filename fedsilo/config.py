@@ -195,6 +195,11 @@ class ExchangeConfig(Strict):
             raise SectionError(f"exchange.upload_transforms: {reads_delta[0]!r} reads the update against what the client "
                                f"received, but download = {self.download!r} may not send every tensor it uploads "
                                "(use download = \"all\")")
+        coded = [i for i, p in enumerate(chain) if p.value.decode is not None]
+        if coded and coded[0] != len(chain) - 1:
+            raise SectionError(f"exchange.upload_transforms[{coded[0]}]: {chain[coded[0]].name!r} encodes what is sent "
+                               f"(no longer the tensors' values), so it must be the last transform; "
+                               f"{chain[coded[0] + 1].name!r} comes after it")
         return self
 
 

@@ -211,12 +211,14 @@ class SiloClient:
             if budget is not None:
                 meta["dp"] = budget.to_meta()
             del opt  # its moments (two model copies) are freed before the upload's copy is made
-            kept = [dict(state.slot(f"transform{i}")) for i in range(len(self.plan.upload_transforms))]
-            values, transformed = encode(self.plan.upload_transforms, {k: now[k].clone() for k in upload},
-                                         TransformContext(round_idx, self.name, received, seed), kept)
-            slots.update({f"transform{i}": t for i, t in enumerate(kept) if t})  # e.g. error feedback's residual
+            values = {k: now[k].clone() for k in upload}
             if self.silo_clip is not None:  # silo-level DP: clipped (and, distributed, noised) before it leaves
                 values = self._silo_dp(values, received, run_seed)
+            kept = [dict(state.slot(f"transform{i}")) for i in range(len(self.plan.upload_transforms))]
+            # last, so a codec compresses what DP already released (post-processing)
+            values, transformed = encode(self.plan.upload_transforms, values,
+                                         TransformContext(round_idx, self.name, received, seed), kept)
+            slots.update({f"transform{i}": t for i, t in enumerate(kept) if t})  # e.g. error feedback's residual
         personal_terms = {}
         if self.after:
             began, slot = time.perf_counter(), self.after.value.slot
