@@ -20,6 +20,7 @@ from pydantic import Field
 from fedsilo import builtins  # noqa: F401  (fills every registry a config names from)
 from fedsilo.client.settings import ClientConfig
 from fedsilo.core.aggregate import AGGREGATIONS, ROBUST_MIN_CLIENTS
+from fedsilo.core.compression import DOWNLOAD_CODECS
 from fedsilo.core.exchange import DOWNLOADS, OVERWRITES, SELECTORS
 from fedsilo.core.lora import LORA_AGGREGATIONS
 from fedsilo.core.messages import STATISTICS, is_statistic
@@ -185,6 +186,9 @@ class ExchangeConfig(Strict):
     upload_transforms: list[dict[str, Any]] = Field(
         default_factory=list, description="what a client's upload goes through before it leaves the silo, in "
                                           "order, e.g. [{name = \"clip\", max_norm = 1.0}] (fedsilo.core.transforms)")
+    download_transforms: list[dict[str, Any]] = Field(
+        default_factory=list, description="how the server's values are coded on the way down: at most one codec, "
+                                          "e.g. [{name = \"fp16\"}] (fedsilo.core.compression)")
 
     @model_validator(mode="after")
     def _options(self) -> "ExchangeConfig":
@@ -195,6 +199,8 @@ class ExchangeConfig(Strict):
             raise SectionError(f"exchange.upload_transforms: {reads_delta[0]!r} reads the update against what the client "
                                f"received, but download = {self.download!r} may not send every tensor it uploads "
                                "(use download = \"all\")")
+        if len(DOWNLOAD_CODECS.resolve_chain(self.download_transforms, "exchange.download_transforms")) > 1:
+            raise SectionError("exchange.download_transforms: at most one codec (each codes the server's values)")
         coded = [i for i, p in enumerate(chain) if p.value.decode is not None]
         if coded and coded[0] != len(chain) - 1:
             raise SectionError(f"exchange.upload_transforms[{coded[0]}]: {chain[coded[0]].name!r} encodes what is sent "
@@ -349,6 +355,10 @@ class RunConfig(Strict):
             raise SectionError(f"exchange.download = {x.download!r} cannot run with federation.secure_aggregation: a "
                                "silo's update is taken against what it received, so it must receive every shared "
                                "tensor (download = \"all\")")
+        if x.download_transforms:
+            raise SectionError(f"exchange.download_transforms cannot run with federation.secure_aggregation: each silo's "
+                               f"masked update is taken against the coded values it received, the mean against the "
+                               f"server's own ({why})")
         decoded = [t["name"] for t in x.upload_transforms if UPLOAD_TRANSFORMS.get(t["name"]).decode is not None]
         if decoded:
             raise SectionError(f"exchange.upload_transforms: {decoded[0]!r} is undone on the server per silo, which "
@@ -386,6 +396,9 @@ class RunConfig(Strict):
                                f"(mode {dp.mode!r}): {why}; use weighting = " + " or ".join(f'"{w}"' for w in allowed))
         if not AGGREGATIONS.get(f.aggregation).weighted:
             raise SectionError(f"federation.aggregation = {f.aggregation!r}: silo-level DP is accounted for the mean")
+        if x.download_transforms:
+            raise SectionError("exchange.download_transforms cannot run with federation.silo_dp: a silo clips its update "
+                               "against the coded values it received, the server's sensitivity bound is for its own")
         if x.upload != "all" or x.download != "all":
             key, value = ("upload", x.upload) if x.upload != "all" else ("download", x.download)
             raise SectionError(f"exchange.{key} = {value!r}: silo-level DP needs every silo to receive and send every "

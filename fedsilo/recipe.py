@@ -28,6 +28,7 @@ from fedsilo.core.tensors import Tensors
 from fedsilo.core.transforms import UPLOAD_TRANSFORMS
 from fedsilo.core.weighting import WEIGHTINGS, WeightingPolicy
 from fedsilo.errors import ConfigError
+from fedsilo.core.compression import DOWNLOAD_CODECS
 from fedsilo.core.lora import LORA_AGGREGATIONS
 from fedsilo.models import MODEL_KINDS, SURGERIES
 from fedsilo.models.lora import lora_settings
@@ -65,7 +66,8 @@ def exchange_plan(cfg: RunConfig) -> ExchangePlan:
     return ExchangePlan(tuple(x.shared), private,
                         SELECTORS.resolve(x.upload, x.upload_options, "exchange.upload_options"),
                         DOWNLOADS.resolve(x.download), OVERWRITES.resolve(x.overwrite),
-                        UPLOAD_TRANSFORMS.resolve_chain(x.upload_transforms, "exchange.upload_transforms"))
+                        UPLOAD_TRANSFORMS.resolve_chain(x.upload_transforms, "exchange.upload_transforms"),
+                        DOWNLOAD_CODECS.resolve_chain(x.download_transforms, "exchange.download_transforms"))
 
 
 def model_config(cfg: RunConfig):

@@ -94,6 +94,7 @@ class Server:
                  max_step_ratio: float | None = None, silo_dp: SiloDP | None = None,
                  lora_merge: float | None = None) -> None:
         self.params = clone(global_tensors)
+        self._received_view: Tensors | None = None
         self.lora_merge = lora_merge  # exact LoRA: each silo's s·BᵢAᵢ is its Δ on the base weights (s given)
         self.optimizer = optimizer
         self.weighting = weighting
@@ -129,15 +130,27 @@ class Server:
                                     options=self.aggregation.options, max_weight=self.max_client_weight,
                                     max_ratio=self.max_weight_ratio)
         self._record, self._sent, self._sent_params, self._pending = {}, {}, {}, []
+        self._received_view = None
         self._secure, self._secure_delta = None, None
 
     def payload(self, client: str) -> Tensors:
-        """The tensors this client receives this round; their bytes are counted as sent."""
+        """The tensors this client receives this round (coded by a download codec); their bytes are counted
+        as sent."""
         names = self.plan.choose_download(self.round, list(self.params), self.uploaded.get(client))
         tensors = {k: self.params[k] for k in names}
-        self._sent[client] = nbytes(tensors)
+        wire = self.plan.encode_download(tensors)
+        self._sent[client] = nbytes(wire)
         self._sent_params[client] = numel(tensors)
-        return tensors
+        return wire
+
+    def _received(self) -> Tensors:
+        """The values every client starts from this round: the server's own, or what the download codec
+        makes of them (the reference an upload codec's Δ was taken against)."""
+        if not self.plan.download_transforms:
+            return self.params
+        if self._received_view is None:
+            self._received_view = self.plan.decode_download(self.plan.encode_download(self.params), self.params)
+        return self._received_view
 
     def reject(self, client: str, reason: str, key: str = "rejected", final: bool = False) -> str:
         """Record a client whose reply could not even be read as an update (a malformed message), or
@@ -231,7 +244,7 @@ class Server:
         if self.plan.upload_transforms:
             try:  # a codec's wire form that does not decode (a bad shape, a missing scale) is the silo's fault
                 update = dataclasses.replace(update, tensors=decode(self.plan.upload_transforms, update.tensors,
-                                                                    self.params))
+                                                                    self._received()))
             except (ValueError, KeyError, RuntimeError) as err:
                 reason = f"its upload does not decode: {err}"
         if reason is None:

@@ -19,8 +19,8 @@ from tests.test_plugins import rounds_of, toy_config
 SMALL = {"d_model": 32, "d_ff": 64, "num_layers": 1, "num_heads": 2, "dropout": 0.0}
 
 
-def coded(*transforms, rounds=2, **sections):
-    return toy_config(model=SMALL, exchange={"upload_transforms": list(transforms)},
+def coded(*transforms, rounds=2, down=(), **sections):
+    return toy_config(model=SMALL, exchange={"upload_transforms": list(transforms), "download_transforms": list(down)},
                       federation={"rounds": rounds, "weighting": "size"}, **sections)
 
 
@@ -102,10 +102,32 @@ def test_lora_adapters_travel_compressed(tmp_path):
      r"'int8' is undone on the server per silo"),
     ({"exchange": {"upload_transforms": [{"name": "topk", "fraction": 0}]}},
      r"upload_transforms\[0\]\.fraction"),
+    ({"exchange": {"download_transforms": [{"name": "fp16"}, {"name": "int8"}]}}, "at most one codec"),
+    ({"exchange": {"download_transforms": [{"name": "topk"}]}}, r"download_transforms\[0\]\.name: 'topk' is not"),
+    ({"exchange": {"download_transforms": [{"name": "fp16"}]}, "federation": {"secure_aggregation": {}}},
+     "download_transforms cannot run with federation.secure_aggregation"),
 ])
 def test_compression_that_cannot_hold_is_refused_by_name(section, message):
     with pytest.raises(ConfigError, match=message):
         toy_config(**section)
+
+
+def test_a_download_codec_sends_the_coded_values_and_the_run_stays_close(tmp_path):
+    plain_cfg = coded()
+    run_experiment(plain_cfg, tmp_path / "plain", show_progress=False)
+    plain = _params(tmp_path / "plain")
+    start = {k: v.detach() for k, v in federated_parameters(build_model(plain_cfg)[0]).items()}
+    moved = math.sqrt(sum(float((plain[k] - start[k]).norm()) ** 2 for k in plain))
+    off = {}
+    for codec in ("fp16", "bf16", "int8"):
+        run_experiment(coded(down=[{"name": codec}]), tmp_path / codec, show_progress=False)
+        first = rounds_of(tmp_path / codec)[0]
+        assert all(e["bytes_down"] == _wire_bytes(plain_cfg, codec) for e in first["clients"].values())
+        got = _params(tmp_path / codec)
+        off[codec] = math.sqrt(sum(float((got[k] - plain[k]).norm()) ** 2 for k in plain)) / moved
+    # the values themselves are coded (no Δ a client is sure to hold): fp16 keeps the run, int8's grid of
+    # |w|max/254 per block is as large as two rounds of this toy's training (docs/compression.md)
+    assert 0 < off["fp16"] < 0.05 and off["fp16"] < off["bf16"] < off["int8"], off
 
 
 def test_compressed_upload_on_flower_simulation_equals_in_process_and_flower_carries_fewer_bytes(
@@ -114,7 +136,7 @@ def test_compressed_upload_on_flower_simulation_equals_in_process_and_flower_car
 
     root = str(Path(__file__).resolve().parents[1])
     monkeypatch.setenv("PYTHONPATH", root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    cfg = coded({"name": "int8"}, engine={"workers": 1})
+    cfg = coded({"name": "int8"}, down=[{"name": "int8"}], engine={"workers": 1})
     local, sim = local_and_simulation(cfg, tmp_path)
     a, b = _params(local), _params(sim)
     for k in a:
@@ -122,7 +144,8 @@ def test_compressed_upload_on_flower_simulation_equals_in_process_and_flower_car
     raw = _wire_bytes(cfg, "fp32")
     for la, sa in zip(rounds_of(local), rounds_of(sim), strict=True):
         for silo, entry in sa["clients"].items():
-            assert entry["bytes_up"] == la["clients"][silo]["bytes_up"]
             # Flower's arrays carry the int8 codes and float32 scales, with a few bytes of framing per array
-            assert entry["bytes_up"] <= entry["flower_bytes_up"] <= entry["bytes_up"] + 200 * 64
-            assert raw / entry["flower_bytes_up"] > 3.5
+            for way in ("up", "down"):
+                assert entry[f"bytes_{way}"] == la["clients"][silo][f"bytes_{way}"]
+                assert entry[f"bytes_{way}"] <= entry[f"flower_bytes_{way}"] <= entry[f"bytes_{way}"] + 200 * 64
+                assert raw / entry[f"flower_bytes_{way}"] > 3.5

@@ -167,6 +167,7 @@ class SiloClient:
             check_budget(budget, self._private_steps(), self.name, round_idx)
         device = next(self.model.parameters()).device
         received = {k: v.to(device) for k, v in received.items()}  # no copy when already there
+        received = self.plan.decode_download(received, federated_parameters(self.model))
         self.start_point(received, state)
         run_seed = client_seed(seed, round_idx, self.index)
         examples = self.examples

@@ -41,6 +41,8 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
+from fedsilo.registry import Policy, Registry
+
 from .tensors import Tensors, nbytes
 from .transforms import UPLOAD_TRANSFORMS, TransformContext, UploadTransform
 
@@ -53,8 +55,13 @@ class CompressionSettings(BaseModel):
                                                    "next round's update, so it is sent later instead of lost")
 
 
-class Int8Settings(CompressionSettings):
+class BlockSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
     block_size: int = Field(256, ge=8, le=2**20, description="consecutive values that share one float32 scale")
+
+
+class Int8Settings(CompressionSettings, BlockSettings):
+    pass
 
 
 class TopkSettings(CompressionSettings):
@@ -205,3 +212,28 @@ _register("fp16", Codec(("",), _to_fp16, _from_fp16), CompressionSettings)
 _register("bf16", Codec(("",), _to_bf16, _from_bf16), CompressionSettings)
 _register("int8", Codec(("", "scale"), _to_int8, _from_int8), Int8Settings)
 _register("topk", Codec(("", "index"), _to_topk, _from_topk), TopkSettings)
+
+
+# Download: the server's values themselves, coded the same way (no reference the client is sure to hold,
+# so no Δ and no error feedback); the client decodes them before it starts from them.
+DOWNLOAD_CODECS: Registry[Codec] = Registry("download codec")
+DOWNLOAD_CODECS.add("fp16", Codec(("",), _to_fp16, _from_fp16))
+DOWNLOAD_CODECS.add("bf16", Codec(("",), _to_bf16, _from_bf16))
+DOWNLOAD_CODECS.add("int8", Codec(("", "scale"), _to_int8, _from_int8), BlockSettings)
+
+
+def encode_values(codec: Policy[Codec], values: Tensors) -> Tensors:
+    """The wire form of `values` (what the server sends)."""
+    wire: Tensors = {}
+    for name, value in values.items():
+        work = torch.float64 if value.dtype == torch.float64 else torch.float32
+        parts = codec.value.compress(value.detach().to(work).flatten(), codec.options)
+        wire.update({_key(name, part): t for part, t in parts.items()})
+    return wire
+
+
+def decode_values(codec: Policy[Codec], wire: Tensors, like: Tensors) -> Tensors:
+    """The values `wire` codes, shaped and typed as `like`'s tensors (a ValueError naming a tensor that
+    does not decode)."""
+    zeros = {k: torch.zeros((), dtype=t.dtype, device=t.device).expand(t.shape) for k, t in like.items()}
+    return _decode(codec.value, wire, zeros, codec.options)

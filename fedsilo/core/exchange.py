@@ -20,6 +20,7 @@ from typing import Any
 
 from fedsilo.registry import Policy, Registry
 
+from .compression import Codec, decode_values, encode_values
 from .tensors import Tensors
 from .transforms import UploadTransform
 
@@ -100,6 +101,18 @@ class ExchangePlan:
     download: Policy[DownloadPolicy] = field(default_factory=lambda: DOWNLOADS.resolve("all"))
     overwrite: Policy[OverwritePolicy] = field(default_factory=lambda: OVERWRITES.resolve("received"))
     upload_transforms: tuple[Policy[UploadTransform], ...] = ()  # what the upload goes through before it leaves
+    download_transforms: tuple[Policy[Codec], ...] = ()  # how the server's values are coded on the way down
+
+    def encode_download(self, values: Tensors) -> Tensors:
+        """What the server sends for `values` (their wire form under the download codec)."""
+        return encode_values(self.download_transforms[0], values) if self.download_transforms else values
+
+    def decode_download(self, wire: Tensors, like: Tensors) -> Tensors:
+        """The values a client received (shaped as `like`); a ValueError when the wire does not decode."""
+        if not self.download_transforms:
+            return wire
+        return decode_values(self.download_transforms[0], wire, {k.partition("::")[0]: like[k.partition("::")[0]]
+                                                                  for k in wire})
 
     @property
     def upload_options(self) -> Any:
