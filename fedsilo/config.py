@@ -446,8 +446,8 @@ class RunConfig(Strict):
                                    f"federation.secure_aggregation: {why}; use aggregation = \"ffa\" (exact "
                                    "under a sum: every silo shares A)")
             if self.federation.silo_dp is not None:
-                raise SectionError(f"model.surgery.options.aggregation = \"exact\" cannot run with "
-                                   f"federation.silo_dp: its clip bounds the adapters' change, not the product's; "
+                raise SectionError("model.surgery.options.aggregation = \"exact\" cannot run with "
+                                   "federation.silo_dp: its clip bounds the adapters' change, not the product's; "
                                    "use aggregation = \"ffa\" or \"fedit\"")
         return self
 
