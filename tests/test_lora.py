@@ -388,3 +388,36 @@ def test_lora_on_flower_simulation_equals_in_process(tmp_path, monkeypatch):
         torch.testing.assert_close(pb[k], pa[k], rtol=1e-6, atol=1e-7)
     for a, b in zip(rounds_of(local), rounds_of(sim), strict=True):
         assert a["bytes_up"] == b["bytes_up"] and a["bytes_down"] == b["bytes_down"]
+
+
+@pytest.mark.parametrize("name, sections", [
+    ("lorar", {"federation": {"rounds": 2, "weighting": "lorar"}, "task": {"n_train": 24}}),  # ΔL needs steps
+    ("fedopt", {"server": {"optimizer": "adam", "lr": 0.01}}),
+    ("fedprox", {"client": {"regularizers": {"prox": 0.5}}}),
+    ("dynamic pulling", {"exchange": {"upload": "dp_g", "overwrite": "uploaded",
+                                      "upload_options": {"share": 0.5, "threshold": "count"}}}),
+])
+def test_lora_combines_with_each_federation_method(tmp_path, name, sections):
+    """Each method on the adapters alone: the rounds apply, only adapters (and the head) travel, and the
+    method's mark is in the record (Lorar's weights from ΔL, FedOPT's step, FedProx's term, a partial upload)."""
+    # dropout as the toy's default: without it this tiny model's losses log as 1.0000 and ΔL is 0
+    model = {**SMALL, "dropout": 0.1, "surgery": {"name": "lora", "options": {"rank": 4}}}
+    cfg = toy_config(model=model, **{"federation": {"rounds": 2, "weighting": "size"}, **sections})
+    run_experiment(cfg, tmp_path / "run", show_progress=False)
+    trainable = federated_parameters(build_model(cfg)[0])
+    full = sum(p.numel() for p in trainable.values())
+    records = rounds_of(tmp_path / "run")
+    assert all(r["applied"] for r in records)
+    entries = [e for r in records for e in r["clients"].values()]
+    assert all(0 < e["params_up"] <= full for e in entries)
+    if name == "lorar":
+        assert records[0]["weighting"] == "lorar" and all(e["delta_loss"] is not None for e in entries)
+        weights = [e["weight"] for e in records[0]["clients"].values()]
+        assert len(set(round(w, 9) for w in weights)) > 1  # not the equal sizes' weights
+    if name == "fedprox":
+        assert all("prox" in e["terms"] for e in entries)
+    if name == "dynamic pulling":
+        assert any(e["params_up"] < full for e in entries)
+    if name == "fedopt":
+        after = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["server"]
+        assert after["optimizer"]  # Adam's moments over the adapters
