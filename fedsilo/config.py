@@ -439,6 +439,12 @@ class RunConfig(Strict):
             raise SectionError(f"model.surgery.options.ranks with DP-SGD ({dp_silos[0]}): the noise would fill the "
                                "rows a lower-rank silo keeps at zero; give every silo the same rank")
         if LORA_AGGREGATIONS.get(lora.aggregation).merge:
+            x = self.exchange
+            if x.download != "all" or x.overwrite != "received":
+                key, value = ("download", x.download) if x.download != "all" else ("overwrite", x.overwrite)
+                raise SectionError(f"exchange.{key} = {value!r} cannot run with model.surgery.options.aggregation = "
+                                   "\"exact\": every silo must restart each round from the adapters and base weights "
+                                   "the server sends (download = \"all\", overwrite = \"received\")")
             why = ("the server merges each silo's own product B·A into the base weights, so it needs each "
                    "silo's adapters apart")
             if self.federation.secure_aggregation is not None:

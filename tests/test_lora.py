@@ -303,6 +303,8 @@ def test_lora_trains_under_dp_sgd_with_only_the_adapters_clipped_and_sent(tmp_pa
     ({"surgery": {"name": "lora", "options": {"ranks": {"beta": 2}}}},
      {"client": {"dp": {"noise_multiplier": 1.0}}}, "ranks with DP-SGD"),
     ({"surgery": {"name": "lora", "options": {"aggregation": "mean"}}}, {}, "'mean' is not"),
+    ({"surgery": {"name": "lora", "options": {"aggregation": "exact"}}}, {"exchange": {"overwrite": "uploaded"}},
+     "exchange.overwrite = 'uploaded' cannot run with model.surgery.options.aggregation"),
 ])
 def test_lora_combinations_that_cannot_hold_are_refused_by_name(model, fix, message):
     with pytest.raises(ConfigError, match=message):
@@ -421,3 +423,16 @@ def test_lora_combines_with_each_federation_method(tmp_path, name, sections):
     if name == "fedopt":
         after = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["server"]
         assert after["optimizer"]  # Adam's moments over the adapters
+
+
+def test_a_lower_rank_silo_sends_adapters_of_its_rank_under_ffa_too(tmp_path, monkeypatch):
+    """FFA's A is frozen, not federated: the silo zeroes its rows all the same, so B's padded columns get no
+    gradient and its upload is rank 2."""
+    spy = _Capture(monkeypatch)
+    run_experiment(lora_config("ffa", rounds=1, ranks={"gamma": 2}), tmp_path / "run", show_progress=False)
+    uploads = spy.uploads[1]
+    b_names = [k for k in uploads["gamma"][0] if ".lora_B." in k]
+    assert b_names
+    for name in b_names:
+        assert float(uploads["gamma"][0][name][:, 2:].abs().sum()) == 0
+        assert float(uploads["alpha"][0][name][:, 2:].abs().sum()) > 0

@@ -136,10 +136,9 @@ class SiloClient:
 
     def _limit_rank(self) -> None:
         """A silo of a lower LoRA rank zeroes its adapters' rows and columns above it (fedsilo.core.lora)."""
-        if self.lora_rank is not None:
-            params = federated_parameters(self.model)
-            load_tensors(self.model, limit_rank({k: params[k].detach() for k in params if ".lora_" in k},
-                                                self.lora_rank))
+        if self.lora_rank is not None:  # frozen A too (FFA): its zero rows keep B's columns without gradient
+            adapters = {k: p.detach() for k, p in self.model.named_parameters() if ".lora_" in k}
+            load_tensors(self.model, limit_rank(adapters, self.lora_rank))
 
     def load_for_eval(self, global_tensors: Tensors) -> None:
         """The model this silo would train from next: what it would receive and take, over its own;

@@ -111,8 +111,11 @@ class ExchangePlan:
         """The values a client received (shaped as `like`); a ValueError when the wire does not decode."""
         if not self.download_transforms:
             return wire
-        return decode_values(self.download_transforms[0], wire, {k.partition("::")[0]: like[k.partition("::")[0]]
-                                                                  for k in wire})
+        names = {k.partition("::")[0] for k in wire}
+        unknown = sorted(names - set(like))
+        if unknown:
+            raise ValueError(f"the download holds {unknown[0]!r}, not a tensor of this model")
+        return decode_values(self.download_transforms[0], wire, {k: like[k] for k in names})
 
     @property
     def upload_options(self) -> Any:
