@@ -39,12 +39,17 @@ def _wire_bytes(cfg, codec: str) -> int:
     return 4 * sum(sizes)
 
 
+def _uncompressed(cfg, tmp_path: Path) -> tuple[dict, float]:
+    """The uncompressed run's final tensors and how far the run moved them (‖final − start‖)."""
+    run_experiment(cfg, tmp_path / "plain", show_progress=False)
+    plain = _params(tmp_path / "plain")
+    start = {k: v.detach() for k, v in federated_parameters(build_model(cfg)[0]).items()}
+    return plain, math.sqrt(sum(float((plain[k] - start[k]).norm()) ** 2 for k in plain))
+
+
 def test_compressed_runs_count_the_bytes_sent_and_stay_close_to_the_uncompressed_run(tmp_path):
     plain_cfg = coded()
-    run_experiment(plain_cfg, tmp_path / "plain", show_progress=False)
-    plain = _params(tmp_path / "plain")
-    start = {k: v.detach() for k, v in federated_parameters(build_model(plain_cfg)[0]).items()}
-    moved = math.sqrt(sum(float((plain[k] - start[k]).norm()) ** 2 for k in plain))
+    plain, moved = _uncompressed(plain_cfg, tmp_path)
     raw = _wire_bytes(plain_cfg, "fp32")
     for codec, tolerance in (("fp16", 1e-3), ("bf16", 1e-2), ("int8", 2e-2)):
         run_experiment(coded({"name": codec}), tmp_path / codec, show_progress=False)
@@ -114,10 +119,7 @@ def test_compression_that_cannot_hold_is_refused_by_name(section, message):
 
 def test_a_download_codec_sends_the_coded_values_and_the_run_stays_close(tmp_path):
     plain_cfg = coded()
-    run_experiment(plain_cfg, tmp_path / "plain", show_progress=False)
-    plain = _params(tmp_path / "plain")
-    start = {k: v.detach() for k, v in federated_parameters(build_model(plain_cfg)[0]).items()}
-    moved = math.sqrt(sum(float((plain[k] - start[k]).norm()) ** 2 for k in plain))
+    plain, moved = _uncompressed(plain_cfg, tmp_path)
     off = {}
     for codec in ("fp16", "bf16", "int8"):
         run_experiment(coded(down=[{"name": codec}]), tmp_path / codec, show_progress=False)
