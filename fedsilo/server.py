@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from fedsilo.core.aggregate import AGGREGATIONS, ROBUST_MIN_CLIENTS, Aggregation, RoundAggregator
+from fedsilo.core.compression import carried_values
 from fedsilo.core.exchange import ExchangePlan
 from fedsilo.core.lora import merged_delta
 from fedsilo.core.masking import Layout, mean_from_sum
@@ -225,7 +226,7 @@ class Server:
             "delta_loss": _json_number(update.delta_loss), "mean_loss": _json_number(update.mean_loss),
             "terms": {k: _json_number(v) for k, v in update.terms.items()},
             "bytes_up": nbytes(update.tensors), "bytes_down": self._sent.get(client, 0),
-            "params_up": numel(update.tensors), "params_down": self._sent_params.get(client, 0),
+            "params_up": numel(carried_values(update.tensors)), "params_down": self._sent_params.get(client, 0),
             "seconds": update.seconds, "weight": None,
         }
         if update.personal_terms:  # Ditto: the personal model's own training, beside the federated update

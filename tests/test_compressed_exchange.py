@@ -55,6 +55,7 @@ def test_compressed_runs_count_the_bytes_sent_and_stay_close_to_the_uncompressed
         run_experiment(coded({"name": codec}), tmp_path / codec, show_progress=False)
         first = rounds_of(tmp_path / codec)[0]
         assert all(e["bytes_up"] == _wire_bytes(plain_cfg, codec) for e in first["clients"].values()), codec
+        assert all(e["params_up"] == _wire_bytes(plain_cfg, "fp32") // 4 for e in first["clients"].values())
         assert all(0 <= e["transforms"][0]["error"] < 0.05 for e in first["clients"].values())
         got = _params(tmp_path / codec)
         off = math.sqrt(sum(float((got[k] - plain[k]).norm()) ** 2 for k in plain))
@@ -69,6 +70,9 @@ def test_topk_sends_its_fraction_and_error_feedback_carries_the_rest_in_the_silo
     sizes = [p.numel() for p in federated_parameters(model).values()]
     expected = sum(8 * max(1, round(0.05 * n)) for n in sizes)
     assert all(e["bytes_up"] == expected for r in rounds_of(tmp_path / "run") for e in r["clients"].values())
+    # parameters sent: the kept values (the indices are bytes, not parameters)
+    kept = sum(max(1, round(0.05 * n)) for n in sizes)
+    assert all(e["params_up"] == kept for r in rounds_of(tmp_path / "run") for e in r["clients"].values())
     store = DiskStore(tmp_path / "run" / "clients")
     store.set_round(2)
     residual = store.get("alpha").slot("transform0")

@@ -79,6 +79,12 @@ class Codec:
     expand: Callable[[str, Tensors, int, Any], torch.Tensor]
 
 
+def carried_values(wire: Tensors) -> Tensors:
+    """The wire's value tensors without its side tensors (scales, indices): what counts as parameters sent
+    (a top-k upload sends k of them); bytes count everything."""
+    return {k: t for k, t in wire.items() if SEP not in k}
+
+
 def _key(name: str, part: str) -> str:
     return f"{name}{SEP}{part}" if part else name
 
