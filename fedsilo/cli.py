@@ -345,6 +345,7 @@ def parser() -> argparse.ArgumentParser:
     ini.set_defaults(func=_cmd_init)
     d = sub.add_parser("data", help="obtain and verify a benchmark's files (pinned commit + sha256), or check "
                                     "every silo of a config (data check CONFIG)")
+    from fedsilo import builtins  # noqa: F401  (registers the task plug-ins: without it TASKS is empty)
     from fedsilo.tasks import TASKS  # light: settings and lazy builders only
 
     fetchable = [name for name in TASKS if TASKS.get(name).data]

@@ -419,3 +419,14 @@ def test_deploy_makes_local_paths_absolute_for_flowers_processes(tmp_path, monke
     cfg = cli.absolute_config(validate({"task": {"data_dir": "data"}, "model": {"init_from": "generic/best.pt"}}))
     assert cfg.task.data_dir == str(tmp_path / "data")
     assert cfg.model.init_from == str(tmp_path / "generic" / "best.pt")
+
+
+def test_fedsilo_data_knows_the_benchmarks_in_a_fresh_process():
+    """The task choices come from the registry, which the CLI must fill itself (it did not, and `fedsilo
+    data text2sql` was refused as an invalid choice unless something else had imported the plug-ins)."""
+    import subprocess
+    import sys
+
+    code = "from fedsilo.cli import parser; print(parser().parse_args(['data', 'text2sql']).task)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "text2sql", done.stderr[-500:]
