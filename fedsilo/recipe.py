@@ -21,15 +21,15 @@ from fedsilo.client.store import ClientStore
 from fedsilo.config import RunConfig, saved_tokenizer
 from fedsilo.config import TOKENIZER_DIR as _TOKENIZER_DIR
 from fedsilo.core.aggregate import AGGREGATIONS, Aggregation
+from fedsilo.core.compression import DOWNLOAD_CODECS
 from fedsilo.core.exchange import DOWNLOADS, OVERWRITES, SELECTORS, ExchangePlan, matches
+from fedsilo.core.lora import LORA_AGGREGATIONS
 from fedsilo.core.masking import Layout
 from fedsilo.core.server_opt import ServerOptimizer
 from fedsilo.core.tensors import Tensors
 from fedsilo.core.transforms import UPLOAD_TRANSFORMS
 from fedsilo.core.weighting import WEIGHTINGS, WeightingPolicy
 from fedsilo.errors import ConfigError
-from fedsilo.core.compression import DOWNLOAD_CODECS
-from fedsilo.core.lora import LORA_AGGREGATIONS
 from fedsilo.models import MODEL_KINDS, SURGERIES
 from fedsilo.models.lora import lora_settings
 from fedsilo.models.precision import check_precision, set_tf32

@@ -20,7 +20,7 @@ from typing import Any
 
 from fedsilo.registry import Policy, Registry
 
-from .compression import Codec, decode_values, encode_values
+from .compression import SEP, Codec, decode_values, encode_values
 from .tensors import Tensors
 from .transforms import UploadTransform
 
@@ -111,7 +111,7 @@ class ExchangePlan:
         """The values a client received (shaped as `like`); a ValueError when the wire does not decode."""
         if not self.download_transforms:
             return wire
-        names = {k.partition("::")[0] for k in wire}
+        names = {k.partition(SEP)[0] for k in wire}
         unknown = sorted(names - set(like))
         if unknown:
             raise ValueError(f"the download holds {unknown[0]!r}, not a tensor of this model")

@@ -45,7 +45,7 @@ def _best(run: RunDir) -> dict:
     return state
 
 
-def _silo_tensors(cfg, run: RunDir, state: dict, silo: str, model) -> dict[str, torch.Tensor]:
+def _silo_tensors(run: RunDir, state: dict, silo: str) -> dict[str, torch.Tensor]:
     """The silo's kept tensors at the best round (its private ones, or its whole model when it keeps one)."""
     clients = state.get("clients", {}).get("store")
     if clients is None or clients.get("kind") == "flower":
@@ -59,7 +59,7 @@ def _silo_tensors(cfg, run: RunDir, state: dict, silo: str, model) -> dict[str, 
     return kept.slot("own")
 
 
-def _merged_as_lora(model, base, scaling_rank: dict) -> dict[str, torch.Tensor]:
+def _merged_as_lora(model, base) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Each merged base weight's change W − W₀ as (B, A) of its numerical rank, B·A = ΔW."""
     now, before = dict(model.named_parameters()), dict(base.named_parameters())
     out = {}
@@ -69,7 +69,6 @@ def _merged_as_lora(model, base, scaling_rank: dict) -> dict[str, torch.Tensor]:
         keep = max(1, int((s > s[0] * 1e-7).sum())) if s.numel() and s[0] > 0 else 1
         root = s[:keep].sqrt()
         out[p.module] = ((u[:, :keep] * root).float(), (root[:, None] * vh[:keep]).float())
-        scaling_rank[p.module] = keep
     return out
 
 
@@ -92,13 +91,13 @@ def export_adapters(run_dir: str | Path, out: str | Path, silo: str | None = Non
     load_tensors(model, {k: v for k, v in state["server"]["params"].items() if k in params})
     personal: list[str] = []
     if silo is not None:
-        own = {k: v for k, v in _silo_tensors(cfg, run, state, silo, model).items() if k in params}
+        own = {k: v for k, v in _silo_tensors(run, state, silo).items() if k in params}
         load_tensors(model, own)
         personal = sorted(own)
     base, _ = build_model(_without_lora(cfg))
     merged = LORA_AGGREGATIONS.get(lora.aggregation).merge
-    ranks: dict[str, int] = {}
-    factors = _merged_as_lora(model, base, ranks) if merged else {}
+    factors = _merged_as_lora(model, base) if merged else {}
+    ranks = {module: b.shape[1] for module, (b, _) in factors.items()}
     head = [n.split(".modules_to_save.")[0] for n in params if ".modules_to_save." in n]
     config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, bias="none",
                         target_modules=sorted({p.module.rsplit(".", 1)[-1] for p in pairs(params)}),
@@ -118,9 +117,7 @@ def export_adapters(run_dir: str | Path, out: str | Path, silo: str | None = Non
     target = dict(peft_model.named_parameters())
     with torch.no_grad():
         for name, t in model.named_parameters():
-            if any(s in name for s in _PEFT) and not merged:
-                target["base_model.model." + name].copy_(t)
-            elif ".modules_to_save." in name:
+            if ".modules_to_save." in name or (".lora_" in name and not merged):  # merged: the factors below
                 target["base_model.model." + name].copy_(t)
         for module, (b, a) in factors.items():
             target[f"base_model.model.{module}.lora_A.default.weight"].copy_(a)
@@ -128,8 +125,9 @@ def export_adapters(run_dir: str | Path, out: str | Path, silo: str | None = Non
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         peft_model.save_pretrained(out)
+    frozen_sent = set(received_only(model))  # exact's merged base weights: already in the factors
     extra = {k: t.detach().contiguous() for k, t in params.items()
-             if not any(s in k for s in _PEFT) and k not in set(received_only(model))}
+             if not any(s in k for s in _PEFT) and k not in frozen_sent}
     if extra:
         from safetensors.torch import save_file
         save_file(extra, out / "fedsilo_extra.safetensors")
