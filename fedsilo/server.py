@@ -95,6 +95,7 @@ class Server:
                  max_step_ratio: float | None = None, silo_dp: SiloDP | None = None,
                  lora_merge: float | None = None) -> None:
         self.params = clone(global_tensors)
+        self._coded: dict[tuple[str, ...], Tensors] = {}  # this round's download wire, per set of names sent
         self._received_view: Tensors | None = None
         self.lora_merge = lora_merge  # exact LoRA: each silo's s·BᵢAᵢ is its Δ on the base weights (s given)
         self.optimizer = optimizer
@@ -131,18 +132,24 @@ class Server:
                                     options=self.aggregation.options, max_weight=self.max_client_weight,
                                     max_ratio=self.max_weight_ratio)
         self._record, self._sent, self._sent_params, self._pending = {}, {}, {}, []
-        self._received_view = None
+        self._coded, self._received_view = {}, None
         self._secure, self._secure_delta = None, None
 
     def payload(self, client: str) -> Tensors:
         """The tensors this client receives this round (coded by a download codec); their bytes are counted
         as sent."""
         names = self.plan.choose_download(self.round, list(self.params), self.uploaded.get(client))
-        tensors = {k: self.params[k] for k in names}
-        wire = self.plan.encode_download(tensors)
+        wire = dict(self._wire(names))  # a dict of its own: a caller may change it
         self._sent[client] = nbytes(wire)
-        self._sent_params[client] = numel(tensors)
+        self._sent_params[client] = numel({k: self.params[k] for k in names})
         return wire
+
+    def _wire(self, names: list[str]) -> Tensors:
+        """The server's values of `names` as sent (coded once a round for every client sent the same names)."""
+        key = tuple(names)
+        if key not in self._coded:
+            self._coded[key] = self.plan.encode_download({k: self.params[k] for k in names})
+        return self._coded[key]
 
     def _received(self) -> Tensors:
         """The values every client starts from this round: the server's own, or what the download codec
@@ -150,7 +157,7 @@ class Server:
         if not self.plan.download_transforms:
             return self.params
         if self._received_view is None:
-            self._received_view = self.plan.decode_download(self.plan.encode_download(self.params), self.params)
+            self._received_view = self.plan.decode_download(self._wire(list(self.params)), self.params)
         return self._received_view
 
     def reject(self, client: str, reason: str, key: str = "rejected", final: bool = False) -> str:
