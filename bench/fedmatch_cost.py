@@ -21,7 +21,7 @@ from pathlib import Path
 
 from fedsilo.config import to_toml
 from fedsilo.models.settings import SurgeryConfig
-from fedsilo.runs.records import read_rounds
+from fedsilo.rundir.records import read_rounds
 from fedsilo.runs.study import load_study
 from fedsilo.runs.tables import markdown_table
 

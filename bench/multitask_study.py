@@ -35,8 +35,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import date
 from pathlib import Path
 
+from fedsilo.rundir.records import read_rounds
 from fedsilo.runs.compare import compare, read_results
-from fedsilo.runs.records import read_rounds
 from fedsilo.runs.study import RULE, SPREAD, claim, mean_sd, parse_seeds, run_dir, spread_cell
 from fedsilo.runs.tables import markdown_table
 from fedsilo.tasks.multitask.catalog import CATALOG

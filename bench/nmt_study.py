@@ -34,7 +34,7 @@ from datetime import date
 from pathlib import Path
 
 from fedsilo.config import RunConfig, load_config
-from fedsilo.runs.records import read_rounds
+from fedsilo.rundir.records import read_rounds
 from fedsilo.runs.study import RULE, SPREAD, claim, mean_sd, parse_seeds, run_dir, seeded, spread_cell
 from fedsilo.runs.tables import markdown_table
 

@@ -20,7 +20,7 @@ from fedsilo.errors import ConfigWarning, FedsiloError, UserError
 
 def _report(out: Path, show: bool = True) -> Path:
     """Print the results table (if any) and (re)write report.md; a malformed run file is a user error."""
-    from fedsilo.runs.records import read_results
+    from fedsilo.rundir.records import read_results
     from fedsilo.runs.report import write_report
     from fedsilo.runs.tables import print_results
 
@@ -120,9 +120,10 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
     from fedsilo.config import load_config, to_toml
     from fedsilo.client.policy import read_policy
     from fedsilo.engines.flower.deploy import DeploymentError, LocalDeployment, silo_nodes
-    from fedsilo.runs.datacheck import blocking_error, inspect_silos
-    from fedsilo.runs.lock import RunLock
-    from fedsilo.runs.records import read_results
+    from fedsilo.rundir.datacheck import blocking_error
+    from fedsilo.rundir.lock import RunLock
+    from fedsilo.rundir.records import read_results
+    from fedsilo.runs.datareport import inspect_silos
     from fedsilo.runs.tables import print_results
     from fedsilo.tasks import TASKS
 
@@ -213,7 +214,7 @@ def _cmd_data_check(args: argparse.Namespace) -> int:
     """Every silo of a config checked as a run would check it, plus token lengths; exit 1 when a
     silo cannot be run (malformed rows it does not skip, an empty split)."""
     from fedsilo.config import load_config
-    from fedsilo.runs.datacheck import add_lengths, inspect_silos, report, write_json
+    from fedsilo.runs.datareport import add_lengths, inspect_silos, report, write_json
 
     if not args.config:
         raise UserError("fedsilo data check needs a config: fedsilo data check CONFIG")

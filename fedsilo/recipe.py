@@ -36,7 +36,7 @@ from fedsilo.models.precision import check_precision, set_tf32
 from fedsilo.privacy.accountant import Budget, noise_for
 from fedsilo.privacy.silo_dp import SiloDP
 from fedsilo.registry import Policy
-from fedsilo.runs.rundir import init_tensors
+from fedsilo.rundir.layout import init_tensors
 from fedsilo.server import Server
 from fedsilo.tasks import TASKS
 from fedsilo.tasks.base import PerExampleLoss

@@ -307,7 +307,7 @@ def test_edited_benchmark_file_is_warned_about_not_refused(tmp_path):
 def test_torch_wrapped_disk_full_is_reported_as_disk_full(tmp_path, monkeypatch):
     """On a real full disk torch.save raises a RuntimeError whose context is the OSError; RunDir.save
     turns it back into the OSError naming the checkpoint, and leaves no .tmp."""
-    from fedsilo.runs.rundir import RunDir
+    from fedsilo.rundir.layout import RunDir
 
     def full(state, f, *args, **kwargs):
         f.write(b"partial")

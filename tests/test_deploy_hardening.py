@@ -21,7 +21,7 @@ from fedsilo.cli import main
 from fedsilo.engines.flower import deploy
 from fedsilo.runs import flower as server_app
 from fedsilo.engines.flower.deploy import LocalDeployment, log_tail
-from fedsilo.runs.lock import RunLock, RunLocked, held_for
+from fedsilo.rundir.lock import RunLock, RunLocked, held_for
 from tests.synth import tiny_config, write_silos
 
 os.environ["FLWR_TELEMETRY_ENABLED"] = "0"

@@ -373,7 +373,7 @@ def test_resume_of_an_untouched_copy_still_works(finished_runs, tmp_path, capsys
 # --- one run directory, one writer ---
 
 def test_a_held_run_directory_is_refused_at_once(tmp_path, capsys):
-    from fedsilo.runs.lock import RunLock
+    from fedsilo.rundir.lock import RunLock
 
     config = _write_config(tmp_path)
     out = tmp_path / "run"

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from fedsilo.runs import records, report
+from fedsilo.rundir import records
+from fedsilo.runs import report
 from fedsilo.tasks.base import Column, MetricSpec, pool, select_best
 from fedsilo.tasks.matching.metrics import SPEC, question_stats
 

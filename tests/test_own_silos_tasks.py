@@ -16,7 +16,7 @@ import pytest
 
 from fedsilo.config import ConfigError, load_config, validate
 from fedsilo.errors import DataError
-from fedsilo.runs.datacheck import inspect_silos
+from fedsilo.runs.datareport import inspect_silos
 from fedsilo.sources.load import all_problems, load_rows
 from fedsilo.tasks import TASKS
 from fedsilo.tasks.matching.data import Question, inspect_silo, own_questions, silo_questions

@@ -310,7 +310,7 @@ def tiny_marian(seed=0):
 def test_controllers_are_fresh_layers_after_the_named_base_layers(tmp_path):
     from fedsilo.client.silo import federated_parameters
     from fedsilo.models.controllers import ControllerSettings, apply_controllers
-    from fedsilo.runs.rundir import init_tensors
+    from fedsilo.rundir.layout import init_tensors
     model, tok = tiny_marian()
     base = {k: v.detach().clone() for k, v in federated_parameters(model).items()}
     torch.save(base, tmp_path / "base.pt")

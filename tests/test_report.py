@@ -13,7 +13,8 @@ import matplotlib.image as mpimg
 import pytest
 from rich.console import Console
 
-from fedsilo.runs import plots, records, report, tables
+from fedsilo.rundir import records
+from fedsilo.runs import plots, report, tables
 from fedsilo.tasks.base import Column, MetricSpec, select_best
 
 CLIENTS = ["advising", "geography", "yelp"]

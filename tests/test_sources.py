@@ -13,7 +13,8 @@ from pydantic import ValidationError
 
 from fedsilo.config import ConfigError, validate
 from fedsilo.errors import DataError
-from fedsilo.runs.datacheck import check_at_start, inspect_silos, report, warnings_of
+from fedsilo.rundir.datacheck import check_at_start, warnings_of
+from fedsilo.runs.datareport import inspect_silos, report
 from fedsilo.sources.check import Item, inspect_items
 from fedsilo.sources.fingerprint import RECORD, fingerprints, record
 from fedsilo.sources.load import SHOWN_PROBLEMS, accept, load_rows, source_files

@@ -234,7 +234,7 @@ def alive(pid: int) -> bool:
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads worker pids from /proc (Linux)")
 def test_kill_9_ends_the_workers_and_frees_the_run_directory(tmp_path):
     """A SIGKILLed run leaves no worker behind, and no worker keeps its run directory locked."""
-    from fedsilo.runs.lock import RunLock
+    from fedsilo.rundir.lock import RunLock
 
     config = tmp_path / "exp.toml"
     config.write_text(to_toml(toy_config(federation={"rounds": 500}, engine={"workers": 2})))

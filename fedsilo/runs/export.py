@@ -25,7 +25,7 @@ from fedsilo.core.lora import LORA_AGGREGATIONS, pairs
 from fedsilo.errors import ConfigError
 from fedsilo.models.lora import lora_settings
 from fedsilo.recipe import build_model, exchange_plan, store_root
-from fedsilo.runs.rundir import RunDir
+from fedsilo.rundir.layout import RunDir
 
 _PEFT = (".lora_", ".modules_to_save.")
 

@@ -17,11 +17,11 @@ from fedsilo.config import RunConfig, load_config
 from fedsilo.engines.flower.engine import FlowerEngine
 from fedsilo.progress import Display, Progress
 from fedsilo.recipe import build_model, build_server
+from fedsilo.rundir.layout import RunDir
+from fedsilo.rundir.lock import RunLock, held_for
 from fedsilo.tasks import TASKS
 
-from .lock import RunLock, held_for
 from .report import write_report
-from .rundir import RunDir
 from .runner import run_federation
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from .records import MB, best_round, column, dev_metric, display_name, primary_key, primary_label
+from fedsilo.rundir.records import MB, best_round, column, dev_metric, display_name, primary_key, primary_label
 
 
 def _nonnegative(label: str, values: Sequence[float | None]) -> tuple[bool, bool]:

@@ -9,10 +9,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fedsilo.rundir.records import (MB, best_round, column, display_name, exchange_totals, invalid_evaluations,
+                                    primary_key, primary_label, privacy_spent, read_config, read_results, read_rounds,
+                                    read_text, refused_for_good, registry_spec, run_directory, wall_seconds)
+
 from .plots import client_weight, plot_bytes, plot_dev, plot_losses, plot_weights
-from .records import (MB, best_round, column, display_name, exchange_totals, invalid_evaluations, primary_key,
-                      primary_label, privacy_spent, read_config, read_results, read_rounds, read_text,
-                      refused_for_good, registry_spec, run_directory, wall_seconds)
 from .tables import (MATRIX_NOTE, format_value, markdown_table, matrix_table, privacy_table, reference_tables,
                      results_table, rounds_table, table_caption)
 

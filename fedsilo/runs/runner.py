@@ -17,15 +17,14 @@ from fedsilo.core.tensors import is_finite
 from fedsilo.engines import CrossDomainEngine, Engine
 from fedsilo.errors import ConfigError, RunFailed
 from fedsilo.progress import Display, Progress
-from fedsilo.server import Server, sample_clients
-from fedsilo.tasks.base import NONFINITE, MetricSpec, WithReferences, select_best
-
 from fedsilo.recipe import (TOKENIZER_DIR, build_model, build_recipe, build_server, build_task, store_root,
                             task_tokenizer)
-from .datacheck import check_at_start
-from .lock import RunLock
-from .records import privacy_spent, spent_silos
-from .rundir import RunDir, RunDirError, config_hash
+from fedsilo.rundir.datacheck import check_at_start
+from fedsilo.rundir.layout import RunDir, RunDirError, config_hash
+from fedsilo.rundir.lock import RunLock
+from fedsilo.rundir.records import privacy_spent, spent_silos
+from fedsilo.server import Server, sample_clients
+from fedsilo.tasks.base import NONFINITE, MetricSpec, WithReferences, select_best
 
 
 def _dev_line(spec: MetricSpec, dev: dict) -> str:

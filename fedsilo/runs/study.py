@@ -54,8 +54,8 @@ from fedsilo.errors import StudyFailed
 from fedsilo.fileio import atomic_write_bytes
 from fedsilo.paradigms import PARADIGMS
 from fedsilo.progress import Display
+from fedsilo.rundir.records import column, display_name, exchange_totals, read_rounds
 
-from .records import column, display_name, exchange_totals, read_rounds
 from .report import write_report
 from .tables import format_value, markdown_table, print_grid
 

@@ -8,8 +8,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from .records import (MB, column, dev_metric, display_name, invalid_evaluations, metric_columns, primary_key,
-                      primary_label)
+from fedsilo.rundir.records import (MB, column, dev_metric, display_name, invalid_evaluations, metric_columns,
+                                    primary_key, primary_label)
 
 
 AVERAGES_NOTE = "Macro = mean over rows; Pooled = computed from all rows' statistics together."

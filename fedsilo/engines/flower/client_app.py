@@ -20,7 +20,7 @@ from fedsilo.client.store import DiskStore
 from fedsilo.config import ConfigError, RunConfig, validate
 from fedsilo.core.transforms import SiloRefused
 from fedsilo.models.precision import autocast
-from fedsilo.runs.datacheck import check_at_start
+from fedsilo.rundir.datacheck import check_at_start
 
 from fedsilo.fileio import atomic_write_bytes
 

@@ -1,51 +1,30 @@
-"""Every silo's data checked before anything trains: `fedsilo data check CONFIG`, and the same
-check at the start of every run (`check_at_start`), which also records each file's fingerprint in
-the run directory and, on a resume, names any file that changed since the run began.
+"""Every silo's data checked at the start of every run, on any engine (`check_at_start`): blocking
+findings stop the run before it trains, each file's fingerprint goes to the run directory and, on a
+resume, a file changed since the run began is named. Only what the task's own `inspect` reads: it
+builds no model (`fedsilo data check`'s fuller check, a plug-in built through the recipe and token
+lengths, is fedsilo/runs/datareport.py, above the recipe).
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 from fedsilo.config import RunConfig
 from fedsilo.errors import DataError
-from fedsilo.sources.check import Item, SiloCheck, inspect_items
+from fedsilo.sources.check import SiloCheck
 from fedsilo.sources.fingerprint import record
 from fedsilo.tasks import TASKS
 
-SPLITS = ("train", "dev", "test")
 
-
-def inspect_silos(cfg: RunConfig, silos: list[str] | None = None, build: bool = True) -> list[SiloCheck]:
-    """One `SiloCheck` per silo of the run (or `silos`), from the task's `inspect`; a task without
-    one (a user's plug-in) is built and its examples counted (unless not `build`: then none)."""
+def task_inspections(cfg: RunConfig, silos: list[str] | None = None) -> list[SiloCheck]:
+    """One `SiloCheck` per silo of the run (or `silos`), from the task's `inspect`; none for a task
+    without one (a user's plug-in)."""
     plugin = TASKS.get(cfg.task.name)
     silos = silos if silos is not None else cfg.task.client_names()
-    if plugin.inspect is not None:
-        data_dir = plugin.data_dir(cfg.task)
-        return [plugin.inspect(cfg.task, silo, data_dir) for silo in silos]
-    if not build:
+    if plugin.inspect is None:
         return []
-    from fedsilo.recipe import build_model, build_task
-
-    task = build_task(cfg, build_model(cfg)[1], silos)
-    return [inspect_items(silo, "plug-in", "examples",
-                          {s: [Item("", repr(x), (repr(x),)) for x in task.examples(silo, s)] for s in SPLITS},
-                          "example") for silo in silos]
-
-
-def add_lengths(cfg: RunConfig, checks: list[SiloCheck]) -> None:
-    """Each silo's token lengths against the model's limits, through the run's own tokenizer and task
-    (a task without `length_checks` has none)."""
-    from fedsilo.recipe import build_model, build_task
-
-    _, tokenizer = build_model(cfg)
-    task = build_task(cfg, tokenizer, [c.name for c in checks])
-    if not hasattr(task, "length_checks"):
-        return
-    for c in checks:
-        c.lengths = task.length_checks(c.name)
+    data_dir = plugin.data_dir(cfg.task)
+    return [plugin.inspect(cfg.task, silo, data_dir) for silo in silos]
 
 
 def warnings_of(check: SiloCheck) -> list[str]:
@@ -89,7 +68,7 @@ def check_at_start(cfg: RunConfig, run_dir: Path, resume: bool, warn: Callable[[
     trains, the rest are warned about; fingerprints go to the run directory, and on a resume a file
     changed since the run began is warned about by name. Without `silos`: every silo the run reads,
     its test matrix's and its tokenizer's too (a resume refits the tokenizer on that silo's files)."""
-    checks = inspect_silos(cfg, silos if silos is not None else cfg.task.needed_silos(), build=False)
+    checks = task_inspections(cfg, silos if silos is not None else cfg.task.needed_silos())
     error = blocking_error(checks, empty=False)  # the task's build names an empty split's file and cause
     if error is not None:
         raise error
@@ -100,16 +79,3 @@ def check_at_start(cfg: RunConfig, run_dir: Path, resume: bool, warn: Callable[[
         warn(line)
     return checks
 
-
-def report(checks: list[SiloCheck]) -> str:
-    lines = []
-    for c in checks:
-        lines += c.lines()
-    blocking = [c.name for c in checks if c.blocking]
-    lines.append(f"{len(checks)} silo(s) checked: " + (f"{len(blocking)} cannot be run ({', '.join(blocking)})"
-                                                        if blocking else "ready to run"))
-    return "\n".join(lines)
-
-
-def write_json(checks: list[SiloCheck], path: Path) -> None:
-    path.write_text(json.dumps([c.to_json() for c in checks], indent=1) + "\n")
