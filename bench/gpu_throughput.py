@@ -3,7 +3,7 @@
 Both loops train the same seq2seq T5 (built by fedsilo from scratch; the defaults give the issue's
 59.7M-parameter model) from the same initial weights on the same batches of a text-to-SQL silo (ATIS,
 max 256/256 tokens, batch 32) in the same order (fedsilo's `length_grouped` policy), with the same
-optimiser kind (`make_optimizer`) and gradient clipping at 1.0. The bare loop pads every batch once,
+optimiser kind (the CLIENT_OPTIMIZERS entry) and gradient clipping at 1.0. The bare loop pads every batch once,
 moves them to the device up front, and never reads a value back per step; the engine gets `rows`,
 `task.pad` and the token lengths exactly as a `SiloClient` passes them. Only the `--steps` optimiser
 steps after `--warmup` are timed (a device sync at both ends only). Precisions: fp32 (TF32 off), tf32
@@ -28,7 +28,8 @@ import time
 import torch
 
 from fedsilo.client.batching import BATCH_ORDERS, default_window
-from fedsilo.client.optim import make_optimizer
+from fedsilo.client.optim import CLIENT_OPTIMIZERS
+from fedsilo.client.train import TrainingParts
 from fedsilo.client.train import train_local
 from fedsilo.config import ConfigError, validate
 from fedsilo.datafetch import default_data_root, ensure
@@ -70,9 +71,9 @@ def engine_loop(model, task, rows, lengths, init, args, precision, device) -> fl
             marks.append(clock(device))
 
     train_local(model, rows, task.pad, lambda m, b: task.loss(m, b), epochs=1, lr=args.lr,
-                batch_size=args.batch_size, optimizer=args.optimizer, seed=SEED, max_grad_norm=1.0,
-                on_step=on_step, max_steps=args.warmup + args.steps, lengths=lengths,
-                batch_order="length_grouped", precision=AMP[precision])
+                batch_size=args.batch_size, parts=TrainingParts(optimizer=CLIENT_OPTIMIZERS.get(args.optimizer)),
+                seed=SEED, max_grad_norm=1.0, on_step=on_step, max_steps=args.warmup + args.steps, lengths=lengths,
+                precision=AMP[precision])
     return marks[1] - marks[0]
 
 
@@ -81,7 +82,7 @@ def bare_loop(model, batches, init, args, precision, device) -> float:
     model.load_state_dict(init)
     torch.manual_seed(SEED)  # dropout, as train_local seeds it
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = make_optimizer(args.optimizer, params, args.lr)  # torch's own optimisers default to foreach on CUDA
+    opt = CLIENT_OPTIMIZERS.get(args.optimizer)(params, args.lr, 0.0)  # torch's own optimisers default to foreach on CUDA
     amp = AMP[precision]
     scaler = grad_scaler(amp, device)
     model.train()

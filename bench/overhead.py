@@ -16,27 +16,28 @@ import time
 import torch
 
 from fedsilo.client.silo import SiloClient, client_seed
-from fedsilo.client.optim import make_optimizer
+from fedsilo.client.optim import CLIENT_OPTIMIZERS
 from fedsilo.client.store import MemoryStore
 from fedsilo.config import validate
-from fedsilo.core.exchange import ExchangePlan
 from fedsilo.core.server_opt import ServerOptimizer
 from fedsilo.core.weighting import WEIGHTINGS
 from fedsilo.engines.local import run_round
-from fedsilo.recipe import build_model, build_task
-from fedsilo.server import Server
+from fedsilo.recipe import build_model, build_task, silo_recipe
+from fedsilo.core.rounds import Limits
+from fedsilo.server import Server, ServerRecipe
 
 
 def fedsilo_engine(model, task, cfg, init, rounds):
     model.load_state_dict(init)
     params = dict(model.named_parameters())
     f = cfg.federation  # the default safeguards: size bounds, the update-norm guard, the tried server step
-    server = Server({k: v.detach() for k, v in params.items()}, ServerOptimizer("sgdm"), WEIGHTINGS.resolve("lorar"),
-                    max_update_ratio=f.max_update_ratio, clip_norm=f.clip_norm)
+    server = Server({k: v.detach() for k, v in params.items()},
+                    ServerRecipe(ServerOptimizer("sgdm"), WEIGHTINGS.resolve("lorar"),
+                                 limits=Limits(max_update_ratio=f.max_update_ratio, clip_norm=f.clip_norm)))
     server.register({s: len(task.examples(s, "train")) for s in task.clients})
     store = MemoryStore()
-    clients = {s: SiloClient(s, i, task.examples(s, "train"), task, cfg.client_config(s), model,
-                             ExchangePlan(), store, {}) for i, s in enumerate(task.clients)}
+    clients = {s: SiloClient(s, task, task.examples(s, "train"), model, store, silo_recipe(cfg.client_config(s), index=i))
+               for i, s in enumerate(task.clients)}
     for r in range(1, rounds + 1):
         run_round(server, clients, list(clients), r, cfg.seed)
 
@@ -51,7 +52,7 @@ def bare_loop(model, task, cfg, init, rounds):
             seed = client_seed(cfg.seed, r, i)
             torch.manual_seed(seed)
             gen = torch.Generator().manual_seed(seed)
-            opt = make_optimizer(c.optimizer, [p for p in model.parameters() if p.requires_grad], c.lr)
+            opt = CLIENT_OPTIMIZERS.get(c.optimizer)([p for p in model.parameters() if p.requires_grad], c.lr, 0.0)
             model.train()
             for _ in range(c.epochs):
                 order = torch.randperm(len(examples), generator=gen).tolist()

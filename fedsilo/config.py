@@ -18,17 +18,17 @@ from pydantic import SerializeAsAny, ValidationError, ValidationInfo, create_mod
 from pydantic import Field
 
 from fedsilo import builtins  # noqa: F401  (fills every registry a config names from)
+from fedsilo.client.batching import BATCH_ORDERS, shuffled
+from fedsilo.client.schedule import LR_SCHEDULES, constant
 from fedsilo.client.settings import ClientConfig
-from fedsilo.core.aggregate import AGGREGATIONS, ROBUST_MIN_CLIENTS
+from fedsilo.core.aggregate import AGGREGATIONS
 from fedsilo.core.compression import DOWNLOAD_CODECS
 from fedsilo.core.exchange import DOWNLOADS, OVERWRITES, SELECTORS
-from fedsilo.core.lora import LORA_AGGREGATIONS
 from fedsilo.core.messages import STATISTICS, is_statistic
 from fedsilo.core.server_opt import BIAS_CORRECTIONS, SERVER_OPTIMIZERS, unread_correction, unread_hyperparameters
 from fedsilo.core.transforms import UPLOAD_TRANSFORMS
 from fedsilo.core.weighting import WEIGHTINGS
 from fedsilo.errors import ConfigError, ConfigWarning
-from fedsilo.models.lora import lora_settings
 from fedsilo.models.settings import ModelConfig, default_name, reads_task_tokenizer, unread_sizes
 from fedsilo.paradigms import PARADIGMS, Paradigm
 from fedsilo.settings import FiniteFloat, Limit, SectionError, Strict, choice, where_what
@@ -62,6 +62,14 @@ class SiloDPConfig(Strict):
     delta: FiniteFloat = Field(1e-5, gt=0, lt=1, description="δ (a few silos: 1/(10·silos) would be far too large)")
     noise: Literal["secret", "seeded"] = Field("secret", description="seeded: reproducible from the run seed, and "
                                                                      "removable by anyone who knows it")
+
+    @property
+    def central(self) -> bool:
+        return self.mode == "central"
+
+    @property
+    def seeded(self) -> bool:
+        return self.noise == "seeded"
 
     @model_validator(mode="after")
     def _one_of(self) -> "SiloDPConfig":
@@ -134,7 +142,9 @@ class FederationConfig(Strict):
     @model_validator(mode="after")
     def _aggregation(self) -> "FederationConfig":
         AGGREGATIONS.resolve(self.aggregation, self.aggregation_options, "federation.aggregation_options")
-        if not AGGREGATIONS.get(self.aggregation).weighted and (self.weighting != "size" or self.weighting_stat or self.max_client_weight):
+        unweighted = not AGGREGATIONS.get(self.aggregation).weighted
+        if unweighted and (self.weighting != type(self).model_fields["weighting"].default or self.weighting_stat
+                           or self.max_client_weight):
             raise ValueError(f"aggregation {self.aggregation!r} counts every client once: "
                              "federation.weighting / weighting_stat / max_client_weight do not apply")
         return self
@@ -192,20 +202,10 @@ class ExchangeConfig(Strict):
 
     @model_validator(mode="after")
     def _options(self) -> "ExchangeConfig":
+        # each option validated here; what the chain needs from the rest: fedsilo.features.codecs
         SELECTORS.resolve(self.upload, self.upload_options, "exchange.upload_options")
-        chain = UPLOAD_TRANSFORMS.resolve_chain(self.upload_transforms, "exchange.upload_transforms")
-        reads_delta = [p.name for p in chain if p.value.needs_reference]
-        if reads_delta and self.download != "all":
-            raise SectionError(f"exchange.upload_transforms: {reads_delta[0]!r} reads the update against what the client "
-                               f"received, but download = {self.download!r} may not send every tensor it uploads "
-                               "(use download = \"all\")")
-        if len(DOWNLOAD_CODECS.resolve_chain(self.download_transforms, "exchange.download_transforms")) > 1:
-            raise SectionError("exchange.download_transforms: at most one codec (each codes the server's values)")
-        coded = [i for i, p in enumerate(chain) if p.value.decode is not None]
-        if coded and coded[0] != len(chain) - 1:
-            raise SectionError(f"exchange.upload_transforms[{coded[0]}]: {chain[coded[0]].name!r} encodes what is sent "
-                               f"(no longer the tensors' values), so it must be the last transform; "
-                               f"{chain[coded[0] + 1].name!r} comes after it")
+        UPLOAD_TRANSFORMS.resolve_chain(self.upload_transforms, "exchange.upload_transforms")
+        DOWNLOAD_CODECS.resolve_chain(self.download_transforms, "exchange.download_transforms")
         return self
 
 
@@ -307,20 +307,6 @@ class RunConfig(Strict):
         return self
 
     @model_validator(mode="after")
-    def _robust_rule_has_clients(self) -> "RunConfig":
-        # The median of 2 is their mean and a trimmed mean of 2 trims nothing: refuse, do not pretend.
-        f = self.federation
-        if not self.participation.federates or AGGREGATIONS.get(f.aggregation).weighted:
-            return self
-        per_round = self.silos_per_round
-        if per_round < ROBUST_MIN_CLIENTS:
-            raise ValueError(f"federation.aggregation = {f.aggregation!r} cannot be robust with {per_round} "
-                             f"client(s) per round (it needs at least {ROBUST_MIN_CLIENTS}: the median of two is "
-                             "their mean); use more silos, or aggregation = \"mean\" with the update and weight "
-                             "limits (max_update_ratio, max_weight_ratio)")
-        return self
-
-    @model_validator(mode="after")
     def _client_settings_are_read(self) -> "RunConfig":
         # A [client] key refused where no participant reads it; a [clients.<silo>] key where that silo does not.
         participants = ["pooled"] if self.participation.pools_silos else self.task.client_names()
@@ -335,126 +321,6 @@ class RunConfig(Strict):
                 if key in unread:
                     raise SectionError(f"clients.{silo}.{key} = {_fmt(value)}: nothing reads it ({unread[key]}); "
                                        "remove it")
-        return self
-
-    @model_validator(mode="after")
-    def _secure_aggregation_combines(self) -> "RunConfig":
-        # What needs one silo's update, weight or tensor list in the clear cannot run under the mask: refused.
-        secure = self.federation.secure_aggregation
-        if secure is None:
-            return self
-        f, x = self.federation, self.exchange
-        why = "the server sees only the sum of the silos' masked updates"
-        if not self.participation.federates:
-            raise SectionError(f"federation.secure_aggregation: paradigm {self.paradigm!r} does not federate")
-        if x.upload != "all":
-            raise SectionError(f"exchange.upload = {x.upload!r} cannot run with federation.secure_aggregation: each "
-                               "silo would send other tensors, and masked vectors only add up when every silo sends "
-                               "all shared tensors (upload = \"all\")")
-        if x.download != "all":
-            raise SectionError(f"exchange.download = {x.download!r} cannot run with federation.secure_aggregation: a "
-                               "silo's update is taken against what it received, so it must receive every shared "
-                               "tensor (download = \"all\")")
-        if x.download_transforms:
-            raise SectionError(f"exchange.download_transforms cannot run with federation.secure_aggregation: each silo's "
-                               f"masked update is taken against the coded values it received, the mean against the "
-                               f"server's own ({why})")
-        decoded = [t["name"] for t in x.upload_transforms if UPLOAD_TRANSFORMS.get(t["name"]).decode is not None]
-        if decoded:
-            raise SectionError(f"exchange.upload_transforms: {decoded[0]!r} is undone on the server per silo, which "
-                               f"federation.secure_aggregation does not allow ({why})")
-        if not AGGREGATIONS.get(f.aggregation).weighted:
-            raise SectionError(f"federation.aggregation = {f.aggregation!r} needs every update apart (a coordinate-"
-                               f"wise robust rule); {why}: use aggregation = \"mean\"")
-        _no_per_update_limits(f, "federation.secure_aggregation", f"it bounds one silo's update or weight, and {why}; "
-                              "leave it out (to clip updates, clip on the silos: exchange.upload_transforms = "
-                              "[{name = \"clip\", max_norm = …}])")
-        per_round = self.silos_per_round
-        need = secure.threshold or per_round // 2 + 1
-        if per_round < 2 or need > per_round:
-            why = "one silo's update would be the whole sum" if per_round < 2 else \
-                f"the Shamir threshold {need} is more than that"
-            raise SectionError(f"federation.secure_aggregation: {per_round} silo(s) per round: {why}; use more silos"
-                               + ("" if per_round < 2 else " or a lower threshold"))
-        return self
-
-    @model_validator(mode="after")
-    def _silo_dp_is_accountable(self) -> "RunConfig":
-        # The sensitivity w_max·C / W holds for public, fixed weights and one mean over every shared tensor.
-        dp = self.federation.silo_dp
-        if dp is None:
-            return self
-        f, x = self.federation, self.exchange
-        if not self.participation.federates:
-            raise SectionError(f"federation.silo_dp: paradigm {self.paradigm!r} does not federate")
-        allowed = ("equal",) if dp.mode == "distributed" else ("equal", "size")
-        if f.weighting not in allowed or f.weighting_stat:
-            why = ("each silo's share of the noise would depend on every other silo's weight" if f.weighting == "size"
-                   else "a weight computed from a silo's data is itself a release no noise covers, and bounds no "
-                        "silo's share of the aggregate")
-            raise SectionError(f"federation.weighting = {f.weighting!r} cannot be accounted with federation.silo_dp "
-                               f"(mode {dp.mode!r}): {why}; use weighting = " + " or ".join(f'"{w}"' for w in allowed))
-        if not AGGREGATIONS.get(f.aggregation).weighted:
-            raise SectionError(f"federation.aggregation = {f.aggregation!r}: silo-level DP is accounted for the mean")
-        if x.download_transforms:
-            raise SectionError("exchange.download_transforms cannot run with federation.silo_dp: a silo clips its update "
-                               "against the coded values it received, the server's sensitivity bound is for its own")
-        if x.upload != "all" or x.download != "all":
-            key, value = ("upload", x.upload) if x.upload != "all" else ("download", x.download)
-            raise SectionError(f"exchange.{key} = {value!r}: silo-level DP needs every silo to receive and send every "
-                               "shared tensor (an update clipped against what it received, one denominator for all)")
-        _no_per_update_limits(f, "federation.silo_dp", "it would change a silo's update or weight by the others', "
-                              "which the sensitivity bound does not cover (federation.silo_dp.clip bounds each update)")
-        return self
-
-    @model_validator(mode="after")
-    def _dp_runs_as_accounted(self) -> "RunConfig":
-        # What DP-SGD's guarantee needs from the rest of the run; refused by name, never weakened silently.
-        silos = [c for c in self.task.client_names() if self.client_config(c).dp is not None]
-        if self.client.dp is None and not silos:
-            return self
-        where = "client.dp" if self.client.dp is not None else f"clients.{silos[0]}.dp"
-        if self.model.precision != "fp32":
-            raise SectionError(f"{where}: DP-SGD runs in fp32 here (Opacus's per-example gradients under "
-                             f"model.precision = {self.model.precision!r} are not supported); set model.precision = \"fp32\"")
-        stat = self.federation.weighting_stat or WEIGHTINGS.get(self.federation.weighting).reads
-        if self.participation.federates and stat:
-            raise SectionError(f"federation.weighting = {self.federation.weighting!r} reads each silo's {stat}, a loss "
-                             f"on its records that a silo under {where} does not send (it is not privatised); use "
-                             "weighting = \"size\" or \"equal\"")
-        return self
-
-    @model_validator(mode="after")
-    def _lora_combines(self) -> "RunConfig":
-        # What the exact merge and per-silo ranks need from the rest of the run; refused by name.
-        lora = lora_settings(self.model)
-        if lora is None:
-            return self
-        unknown = sorted(set(lora.ranks) - set(self.task.client_names()))
-        if unknown:
-            raise SectionError(f"model.surgery.options.ranks: {unknown[0]!r} is not a silo of this run "
-                               f"({', '.join(self.task.client_names())})")
-        dp_silos = [c for c in self.task.client_names() if self.client_config(c).dp is not None]
-        if lora.ranks and dp_silos:
-            raise SectionError(f"model.surgery.options.ranks with DP-SGD ({dp_silos[0]}): the noise would fill the "
-                               "rows a lower-rank silo keeps at zero; give every silo the same rank")
-        if LORA_AGGREGATIONS.get(lora.aggregation).merge:
-            x = self.exchange
-            if x.download != "all" or x.overwrite != "received":
-                key, value = ("download", x.download) if x.download != "all" else ("overwrite", x.overwrite)
-                raise SectionError(f"exchange.{key} = {value!r} cannot run with model.surgery.options.aggregation = "
-                                   "\"exact\": every silo must restart each round from the adapters and base weights "
-                                   "the server sends (download = \"all\", overwrite = \"received\")")
-            why = ("the server merges each silo's own product B·A into the base weights, so it needs each "
-                   "silo's adapters apart")
-            if self.federation.secure_aggregation is not None:
-                raise SectionError(f"model.surgery.options.aggregation = \"exact\" cannot run with "
-                                   f"federation.secure_aggregation: {why}; use aggregation = \"ffa\" (exact "
-                                   "under a sum: every silo shares A)")
-            if self.federation.silo_dp is not None:
-                raise SectionError("model.surgery.options.aggregation = \"exact\" cannot run with "
-                                   "federation.silo_dp: its clip bounds the adapters' change, not the product's; "
-                                   "use aggregation = \"ffa\" or \"fedit\"")
         return self
 
     @model_validator(mode="after")
@@ -491,16 +357,6 @@ class RunConfig(Strict):
         return ClientConfig.model_validate({**self.client.model_dump(), **override.model_dump(exclude_none=True)})
 
 
-def _no_per_update_limits(f: FederationConfig, feature: str, why: str) -> None:
-    """Refuse a limit on one silo's update or weight set away from its default (the defaults are not applied
-    under `feature`: there is nothing per silo to compare)."""
-    fields = FederationConfig.model_fields
-    for key in ("clip_norm", "max_client_weight", "max_weight_ratio", "max_update_ratio"):
-        value = getattr(f, key)
-        if value not in (None, "off") and value != fields[key].default:
-            raise SectionError(f"federation.{key} = {_fmt(value)} cannot apply with {feature}: {why}")
-
-
 def task_settings(raw: Any) -> TaskSettings:
     if not isinstance(raw, dict):
         raise ValueError("must be a table, e.g. [task] name = \"text2sql\"")
@@ -522,11 +378,11 @@ def unread_client_keys(c: ClientConfig) -> dict[str, str]:
     unread = {}
     if c.steps is not None:
         unread["epochs"] = f"steps = {c.steps} is set: a round is that many optimiser steps"
-    if c.lr_schedule == "constant":
+    if LR_SCHEDULES.get(c.lr_schedule) is constant:
         unread["schedule_span"] = "lr_schedule = \"constant\" has no schedule to span"
     if c.before_training is None:
         unread["pseudo_source"] = "there is no before_training hook to label with it"
-    if c.batching == "shuffle":
+    if BATCH_ORDERS.get(c.batching) is shuffled:
         unread["length_window"] = "batching = \"shuffle\" has no length windows"
     return unread
 
@@ -631,7 +487,8 @@ def config_warnings(cfg: "RunConfig") -> list[str]:
                 alone = "each silo trains alone" if p.per_silo_runs else "one pooled client trains"
                 out.append(f"federation.{key} = {_fmt(value)} has no effect: paradigm = {cfg.paradigm!r} does not "
                            f"federate ({alone})")
-    if p.per_silo_runs and (cfg.server.optimizer != "fedavg" or cfg.server.lr not in (None, 1.0)):
+    if p.per_silo_runs and (cfg.server.optimizer != ServerConfig.model_fields["optimizer"].default
+                            or cfg.server.lr not in (None, 1.0)):
         out.append(f"server.optimizer = {cfg.server.optimizer!r}, lr = {cfg.server.lr}: not used, paradigm = "
                    f"{cfg.paradigm!r} takes each silo's own update as it is (fedavg, lr 1.0)")
     if p.pools_silos and cfg.clients:

@@ -9,35 +9,43 @@ build through these functions, so they start from the same model, surgery, plan 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
-from fedsilo.client.hooks import ROUND_HOOKS
+from fedsilo.client.hooks import AFTER_TRAINING, PSEUDO_SOURCES, ROUND_HOOKS
+from fedsilo.client.batching import BATCH_ORDERS
+from fedsilo.client.objective import CLIENT_OBJECTIVES, REGULARIZERS, Term
+from fedsilo.client.optim import CLIENT_OPTIMIZERS
 from fedsilo.client.policy import read_policy
+from fedsilo.client.recipe import ClientRecipe
+from fedsilo.client.schedule import LR_SCHEDULES
+from fedsilo.client.settings import ClientConfig
 from fedsilo.client.silo import SiloClient, federated_parameters, load_tensors
 from fedsilo.client.store import ClientStore
+from fedsilo.client.train import TrainingParts
+from fedsilo.client.trainers import DPSGDTrainer, PlainTrainer
 from fedsilo.config import RunConfig, saved_tokenizer
 from fedsilo.config import TOKENIZER_DIR as _TOKENIZER_DIR
-from fedsilo.core.aggregate import AGGREGATIONS, Aggregation
+from fedsilo.core.aggregate import AGGREGATIONS
 from fedsilo.core.compression import DOWNLOAD_CODECS
 from fedsilo.core.exchange import DOWNLOADS, OVERWRITES, SELECTORS, ExchangePlan, matches
 from fedsilo.core.lora import LORA_AGGREGATIONS
-from fedsilo.core.masking import Layout
+from fedsilo.core.rounds import Limits
 from fedsilo.core.server_opt import ServerOptimizer
-from fedsilo.core.tensors import Tensors
-from fedsilo.core.transforms import UPLOAD_TRANSFORMS
-from fedsilo.core.weighting import WEIGHTINGS, WeightingPolicy
+from fedsilo.core.transforms import SILO_CHECKS, UPLOAD_TRANSFORMS
+from fedsilo.core.weighting import WEIGHTINGS
 from fedsilo.errors import ConfigError
+from fedsilo.features import RECIPE_CHECKS
 from fedsilo.models import MODEL_KINDS, SURGERIES
 from fedsilo.models.lora import lora_settings
 from fedsilo.models.precision import check_precision, set_tf32
 from fedsilo.privacy.accountant import Budget, noise_for
-from fedsilo.privacy.silo_dp import SiloDP
-from fedsilo.registry import Policy
+from fedsilo.privacy.secure_stages import SecureMask, secure_sum_round
+from fedsilo.privacy.silo_dp import SiloDP, SiloDPStage, SiloRelease
 from fedsilo.rundir.layout import init_tensors
-from fedsilo.server import Server
+from fedsilo.server import Server, ServerRecipe, mean_round
 from fedsilo.tasks import TASKS
 from fedsilo.tasks.base import PerExampleLoss
 from fedsilo.tasks.tokens import default_cache_dir
@@ -45,29 +53,89 @@ from fedsilo.tasks.tokens import default_cache_dir
 
 @dataclass(frozen=True)
 class Recipe:
-    """The run's federation policies, resolved once from its config."""
-    plan: ExchangePlan                      # shared/private globs; upload selector, download, overwrite
-    weighting: Policy[WeightingPolicy]
-    statistic: str | None                   # what the weighting reads (None: the policy's default)
-    aggregation: Policy[Aggregation]
+    """A run's resolved parts: the server's and each participant's (a silo, or the pooled client)."""
+    config: RunConfig
+    server: ServerRecipe
+    clients: dict[str, ClientRecipe]
+
+    def client(self, name: str) -> ClientRecipe:
+        return self.clients[name]
+
+    @property
+    def plan(self) -> ExchangePlan:
+        return self.server.plan
 
 
-def build_recipe(cfg: RunConfig) -> Recipe:
-    f = cfg.federation
-    return Recipe(exchange_plan(cfg), WEIGHTINGS.resolve(f.weighting), f.weighting_stat,
-                  AGGREGATIONS.resolve(f.aggregation, f.aggregation_options, "federation.aggregation_options"))
+def build_recipe(cfg: RunConfig, source: str = "config") -> Recipe:
+    """Every policy the config names, resolved once; then every feature's check on the whole (a
+    combination that cannot hold is one ConfigError naming its keys, after `source`)."""
+    plan = exchange_plan(cfg)
+    dp = silo_dp(cfg) if cfg.federation.silo_dp is not None else None
+    recipe = Recipe(cfg, server_recipe(cfg, plan, dp),
+                    {name: client_recipe(cfg, name, i, plan, dp) for i, name in enumerate(member_names(cfg))})
+    for check in RECIPE_CHECKS:
+        problem = RECIPE_CHECKS.get(check)(recipe)
+        if problem:
+            raise ConfigError(f"{source}: {problem}")
+    return recipe
 
 
 def exchange_plan(cfg: RunConfig) -> ExchangePlan:
     """The config's exchange section; a LoRA head kept by each silo (`head = "private"`) is private."""
     x = cfg.exchange
     lora = lora_settings(cfg.model)
-    private = tuple(x.private) + (("*.modules_to_save.*",) if lora and lora.head == "private" else ())
+    private = tuple(x.private) + (("*.modules_to_save.*",) if lora and lora.head_private else ())
     return ExchangePlan(tuple(x.shared), private,
                         SELECTORS.resolve(x.upload, x.upload_options, "exchange.upload_options"),
                         DOWNLOADS.resolve(x.download), OVERWRITES.resolve(x.overwrite),
                         UPLOAD_TRANSFORMS.resolve_chain(x.upload_transforms, "exchange.upload_transforms"),
                         DOWNLOAD_CODECS.resolve_chain(x.download_transforms, "exchange.download_transforms"))
+
+
+def server_recipe(cfg: RunConfig, plan: ExchangePlan, dp: SiloDP | None) -> ServerRecipe:
+    """The server's parts: optimiser, weighting, aggregation and its limits, and the stages around it."""
+    s, f = cfg.server, cfg.federation
+    weighting = WEIGHTINGS.resolve(f.weighting)
+    limits = Limits(f.max_client_weight, _on(f.max_weight_ratio), f.clip_norm, _on(f.max_update_ratio),
+                    _on(f.max_step_ratio))
+    stages = ()
+    if dp is not None:  # the sensitivity bound covers one clipped update each, nothing set by the others
+        limits = replace(limits, max_client_weight=None, max_weight_ratio=None, max_update_ratio=None,
+                         clip_norm=dp.clip if dp.central else None)
+        stages = (SiloDPStage(dp, weighting.value.public_weight),)
+    return ServerRecipe(
+        ServerOptimizer(s.optimizer, s.effective_lr, s.momentum, s.beta1, s.beta2, s.tau, v0=s.v0,
+                        bias_correction=s.bias_correction),
+        weighting, f.weighting_stat,
+        AGGREGATIONS.resolve(f.aggregation, f.aggregation_options, "federation.aggregation_options"),
+        limits, plan, secure_sum_round if f.secure_aggregation is not None else mean_round, stages,
+        _merge_scaling(cfg))
+
+
+def silo_dp(cfg: RunConfig) -> SiloDP:
+    """The federation's silo-level DP: σ given, or derived from the target over federation.rounds."""
+    dp = cfg.federation.silo_dp
+    sigma = dp.noise_multiplier or noise_for(dp.target_epsilon, dp.delta, 1.0, cfg.federation.rounds)
+    return SiloDP(dp.central, dp.clip, sigma, Budget(sigma, 1.0, dp.delta, dp.target_epsilon),
+                  seed=cfg.seed if dp.seeded else None)
+
+
+def client_recipe(cfg: RunConfig, name: str, index: int, plan: ExchangePlan, dp: SiloDP | None) -> ClientRecipe:
+    """One participant's parts (`name`: a silo, or "pooled")."""
+    c = cfg.client_config(name) if name != "pooled" else cfg.client
+    f = cfg.federation
+    mask = None
+    if f.secure_aggregation is not None:
+        weighting = WEIGHTINGS.get(f.weighting)
+        mask = SecureMask.factory(weighting, f.weighting_stat or weighting.reads)
+    release = None
+    if dp is not None:  # each silo's share of the noise in distributed mode: σ·C/√m for m silos a round
+        release = SiloRelease(dp.clip, 0.0 if dp.central else dp.noise_multiplier * dp.clip / math.sqrt(
+            cfg.silos_per_round), f.silo_dp.seeded)
+    lora = lora_settings(cfg.model)
+    return silo_recipe(c, plan, index, f.rounds, release=release, mask=mask, persist_optimizer=cfg.persist_optimizer,
+                       token_cache=default_cache_dir() if cfg.engine.token_cache else None,
+                       precision=cfg.model.precision, lora_rank=lora.ranks.get(name) if lora is not None else None)
 
 
 def model_config(cfg: RunConfig):
@@ -125,13 +193,6 @@ def build_task(cfg: RunConfig, tokenizer, clients: list[str] | None = None):
     return plugin.build(settings, tokenizer, plugin.data_dir(settings))
 
 
-def initial_private(model: torch.nn.Module, plan: ExchangePlan) -> Tensors:
-    """Initial values of the private tensors: one copy, the start of every client."""
-    params = federated_parameters(model)
-    _, private = plan.split(params)
-    return {k: params[k].detach().clone() for k in private}
-
-
 def check_plan(model: torch.nn.Module, plan: ExchangePlan) -> None:
     """Globs that match no tensor are a config mistake, not a silent no-op."""
     names = list(federated_parameters(model))
@@ -149,20 +210,7 @@ def build_server(cfg: RunConfig, model: torch.nn.Module, recipe: Recipe | None =
     check_plan(model, recipe.plan)
     params = federated_parameters(model)
     shared, _ = recipe.plan.split(params)
-    s = cfg.server
-    opt = ServerOptimizer(s.optimizer, s.effective_lr, s.momentum, s.beta1, s.beta2, s.tau, v0=s.v0,
-                          bias_correction=s.bias_correction)
-    f = cfg.federation
-    dp = None
-    if f.silo_dp is not None:
-        sigma, clip, _ = silo_dp_plan(cfg)
-        dp = SiloDP(f.silo_dp.mode, clip, sigma, Budget(sigma, 1.0, f.silo_dp.delta, f.silo_dp.target_epsilon),
-                    seed=cfg.seed if f.silo_dp.noise == "seeded" else None)
-    return Server({k: params[k].detach() for k in shared}, opt, recipe.weighting, recipe.plan, recipe.statistic,
-                  aggregation=recipe.aggregation, max_client_weight=f.max_client_weight,
-                  max_weight_ratio=_on(f.max_weight_ratio), clip_norm=f.clip_norm,
-                  max_update_ratio=_on(f.max_update_ratio), max_step_ratio=_on(f.max_step_ratio), silo_dp=dp,
-                  lora_merge=_merge_scaling(cfg))
+    return Server({k: params[k].detach() for k in shared}, recipe.server)
 
 
 def _merge_scaling(cfg: RunConfig) -> float | None:
@@ -171,16 +219,14 @@ def _merge_scaling(cfg: RunConfig) -> float | None:
     return lora.scaling if lora is not None and LORA_AGGREGATIONS.get(lora.aggregation).merge else None
 
 
-def silo_dp_plan(cfg: RunConfig) -> tuple[float, float, float]:
-    """(σ, C, the noise std each silo adds: σ·C/√m in distributed mode for m silos a round, else 0)."""
-    dp, f = cfg.federation.silo_dp, cfg.federation
-    sigma = dp.noise_multiplier or noise_for(dp.target_epsilon, dp.delta, 1.0, f.rounds)
-    return sigma, dp.clip, (sigma * dp.clip / math.sqrt(cfg.silos_per_round) if dp.mode == "distributed" else 0.0)
-
-
 def _on(limit: float | str) -> float | None:
     """A safeguard's limit, None when the config says "off"."""
     return None if limit == "off" else limit
+
+
+def member_names(cfg: RunConfig) -> list[str]:
+    """The participants: every silo, or one pooled client when the paradigm pools them."""
+    return ["pooled"] if cfg.participation.pools_silos else cfg.task.client_names()
 
 
 def members(cfg: RunConfig, task) -> list[tuple[str, list, object]]:
@@ -199,59 +245,57 @@ def give_policies(clients: dict[str, SiloClient], policies: dict[str, str]) -> N
         clients[silo].policy = read_policy(path)
 
 
-def secure_upload(cfg: RunConfig, model, plan: ExchangePlan) -> tuple | None:
-    """What a silo needs to build its masked vector: the layout of the shared tensors, the weighting
-    policy and the statistic it reads (None without secure aggregation)."""
-    if cfg.federation.secure_aggregation is None:
-        return None
-    policy = WEIGHTINGS.get(cfg.federation.weighting)
-    shared, _ = plan.split(federated_parameters(model))
-    like = dict(model.named_parameters())
-    return Layout.of(like, shared, policy), policy, cfg.federation.weighting_stat or policy.reads
-
-
-def build_client(cfg: RunConfig, task, model, store: ClientStore, name: str, index: int, examples,
-                 client_cfg, initial: Tensors, plan: ExchangePlan | None = None) -> SiloClient:
+def build_client(cfg: RunConfig, task, model, store: ClientStore, name: str, examples,
+                 recipe: Recipe | None = None) -> SiloClient:
+    """One participant over the working `model`, refused (ConfigError) when the task cannot serve what
+    its recipe asks (a round hook's needs, DP-SGD's per-example losses, the objective)."""
+    part = (recipe or build_recipe(cfg)).client(name)
     if not examples:
         raise ConfigError(f"client {name!r} has no training examples")
-    needs = client_cfg.before_training and ROUND_HOOKS.get(client_cfg.before_training).needs
+    c = part.settings
+    needs = part.hook and part.hook.value.needs
     if needs and not isinstance(task, needs):
-        raise ConfigError(f"client.before_training = {client_cfg.before_training!r}: the {task.name} task "
+        raise ConfigError(f"client.before_training = {c.before_training!r}: the {task.name} task "
                           f"does not offer it ({needs.__name__})")
-    if client_cfg.dp is not None and not isinstance(task, PerExampleLoss):
+    if c.dp is not None and not isinstance(task, PerExampleLoss):
         raise ConfigError(f"client.dp: the {task.name} task gives no per-example losses (example_losses, "
                           "rows_per_example), which DP-SGD clips")
     try:
-        plan = plan or exchange_plan(cfg)
-        return SiloClient(name, index, examples, task, client_cfg, model, plan, store, initial,
-                          persist_optimizer=cfg.persist_optimizer,
-                          token_cache=default_cache_dir() if cfg.engine.token_cache else None,
-                          precision=cfg.model.precision, rounds=cfg.federation.rounds,
-                          secure=secure_upload(cfg, model, plan),
-                          silo_clip=silo_dp_plan(cfg)[1:] if cfg.federation.silo_dp is not None else None,
-                          seeded_noise=cfg.federation.silo_dp is not None and cfg.federation.silo_dp.noise == "seeded",
-                          lora_rank=_lora_rank(cfg, name))
+        return SiloClient(name, task, examples, model, store, part)
     except TypeError as err:  # an objective the task cannot serve
-        raise ConfigError(f"client.objective = {client_cfg.objective!r}: {err}") from None
+        raise ConfigError(f"client.objective = {c.objective!r}: {err}") from None
 
 
-def _lora_rank(cfg: RunConfig, silo: str) -> int | None:
-    """The silo's own LoRA rank when it trains below the layers' rank."""
-    lora = lora_settings(cfg.model)
-    return lora.ranks.get(silo) if lora is not None else None
-
-
-def build_clients(cfg: RunConfig, task, model, store: ClientStore, initial: Tensors | None = None,
-                  plan: ExchangePlan | None = None) -> dict[str, SiloClient]:
-    """Every participant over the one working `model` (members' order: the silo index of each),
-    sharing one exchange plan and one copy of the `initial` private tensors (taken from the model
-    when not given)."""
-    plan = plan or exchange_plan(cfg)
-    if initial is None:
-        initial = initial_private(model, plan)
-    return {name: build_client(cfg, task, model, store, name, i, examples, ccfg, initial, plan)
-            for i, (name, examples, ccfg) in enumerate(members(cfg, task))}
+def build_clients(cfg: RunConfig, task, model, store: ClientStore, recipe: Recipe | None = None
+                  ) -> dict[str, SiloClient]:
+    """Every participant over the one working `model` (members' order: the silo index of each)."""
+    recipe = recipe or build_recipe(cfg)
+    return {name: build_client(cfg, task, model, store, name, examples, recipe)
+            for name, examples, _ in members(cfg, task)}
 
 
 def store_root(run_path: Path) -> Path:
     return Path(run_path) / "clients"
+
+
+def silo_recipe(settings: ClientConfig, plan: ExchangePlan | None = None, index: int = 0, rounds: int = 1,
+                **parts) -> ClientRecipe:
+    """A participant's parts from its [client] section alone (no run config): for driving a SiloClient
+    directly (tests, benchmarks). `parts`: any other ClientRecipe field."""
+    after = settings.after_pass()
+    return ClientRecipe(
+        index, settings, plan or ExchangePlan(), CLIENT_OBJECTIVES.get(settings.objective),
+        (DPSGDTrainer if settings.dp is not None else PlainTrainer)(training_parts(settings)),
+        SILO_CHECKS.resolve_chain(settings.upload_checks, "upload_checks"),
+        ROUND_HOOKS.resolve(settings.before_training, settings.hook_options, "hook_options")
+        if settings.before_training else None,
+        PSEUDO_SOURCES.resolve(settings.pseudo_source),
+        AFTER_TRAINING.resolve(*after, where="after_training_options") if after else None,
+        rounds=rounds, **parts)
+
+
+def training_parts(settings: ClientConfig) -> TrainingParts:
+    """The [client] section's optimiser, schedule, batch order and regularisers, looked up once."""
+    return TrainingParts(CLIENT_OPTIMIZERS.get(settings.optimizer), LR_SCHEDULES.get(settings.lr_schedule),
+                         BATCH_ORDERS.get(settings.batching),
+                         tuple(Term(name, REGULARIZERS.get(name), coef) for name, coef in settings.regularizers.items()))

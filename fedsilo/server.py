@@ -7,26 +7,25 @@ client may send a tensor it did not receive this round (partial downloads).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import random
-import statistics
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
-from fedsilo.core.aggregate import AGGREGATIONS, ROBUST_MIN_CLIENTS, Aggregation, RoundAggregator
+from fedsilo.core.aggregate import MEAN, Aggregation
 from fedsilo.core.compression import carried_values
 from fedsilo.core.exchange import ExchangePlan
 from fedsilo.core.lora import merged_delta
-from fedsilo.core.masking import Layout, mean_from_sum
+from fedsilo.core.masking import Layout
 from fedsilo.core.messages import ClientUpdate
+from fedsilo.core.rounds import Limits, MeanRound, Pending, RoundAggregation
 from fedsilo.core.server_opt import ServerOptimizer
 from fedsilo.core.tensors import Tensors, clone, is_finite, nbytes, numel
 from fedsilo.core.transforms import decode
 from fedsilo.core.weighting import WeightingPolicy
-from fedsilo.privacy.accountant import Budget
-from fedsilo.privacy.silo_dp import SiloDP
 from fedsilo.registry import Policy
 
 
@@ -69,54 +68,56 @@ def _json_number(x: float) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
 
 
-@dataclass
-class _Pending:
-    """An update that passed the per-client checks, held until the round's peers are known."""
-    client: str
-    delta: Tensors
-    n_examples: int
-    value: float
-    rms: float  # ‖Δ‖ per uploaded element: comparable across clients that upload different tensors
+class RoundStage(Protocol):
+    """A stage around the round's aggregation (silo-level DP): wraps it each round, keeps its own state
+    in the server's checkpoint under `state_key`."""
+    state_key: str
+
+    def wrap(self, inner: RoundAggregation, round_idx: int, sampled: list[str],
+             registered: dict[str, int]) -> RoundAggregation: ...
+    def refuses(self, round_idx: int) -> str | None: ...
+    def state_dict(self) -> str: ...
+    def load_state_dict(self, state: str | None) -> None: ...
+
+
+def mean_round(recipe: "ServerRecipe", params: Tensors) -> RoundAggregation:
+    """The plain path: every update checked, screened and weighted on its own."""
+    return MeanRound(recipe.weighting, recipe.aggregation, recipe.limits, params)
+
+
+@dataclass(frozen=True)
+class ServerRecipe:
+    """The server's resolved parts (fedsilo.recipe.build_recipe builds one per run)."""
+    optimizer: ServerOptimizer
+    weighting: Policy[WeightingPolicy]
+    statistic: str | None = None            # what the weighting reads (None: the policy's default)
+    aggregation: Policy[Aggregation] = Policy("mean", MEAN)
+    limits: Limits = Limits()
+    plan: ExchangePlan = field(default_factory=ExchangePlan)
+    collect: Callable[["ServerRecipe", Tensors], RoundAggregation] = mean_round  # or a secure sum
+    stages: tuple[RoundStage, ...] = ()     # around the aggregation, innermost first (silo-level DP)
+    lora_merge: float | None = None         # exact LoRA: each silo's s·BᵢAᵢ is its Δ on the base weights
 
 
 class Server:
     """Safeguards against a buggy or hostile client (docs/reliability.md): updates are checked in
-    the server's dtype and sizes against what each silo registered; an update far larger than the
-    other clients' in the same round (`max_update_ratio`, against their median: a reference one
-    silo cannot inflate) is rejected; `clip_norm` bounds each update; no weight exceeds
-    `max_weight_ratio` × the others' median; a round whose aggregate or server step would break the
-    global tensors (`max_step_ratio`) is skipped, never applied."""
+    the server's dtype and sizes against what each silo registered, then handed to the round's
+    aggregation stage (fedsilo.core.rounds: the plain mean's per-update limits; a secure sum; silo-level
+    DP around either); a round whose aggregate or server step would break the global tensors
+    (`max_step_ratio`) is skipped, never applied."""
 
-    def __init__(self, global_tensors: Tensors, optimizer: ServerOptimizer, weighting: Policy[WeightingPolicy],
-                 plan: ExchangePlan | None = None, weighting_stat: str | None = None, *,
-                 aggregation: Policy[Aggregation] | None = None,
-                 max_client_weight: float | None = None, max_weight_ratio: float | None = None,
-                 clip_norm: float | None = None, max_update_ratio: float | None = None,
-                 max_step_ratio: float | None = None, silo_dp: SiloDP | None = None,
-                 lora_merge: float | None = None) -> None:
+    def __init__(self, global_tensors: Tensors, recipe: ServerRecipe) -> None:
         self.params = clone(global_tensors)
+        self.recipe = recipe
+        self.optimizer, self.weighting, self.plan = recipe.optimizer, recipe.weighting, recipe.plan
+        self.stat = recipe.statistic or recipe.weighting.value.reads
         self._coded: dict[tuple[str, ...], Tensors] = {}  # this round's download wire, per set of names sent
         self._received_view: Tensors | None = None
-        self.lora_merge = lora_merge  # exact LoRA: each silo's s·BᵢAᵢ is its Δ on the base weights (s given)
-        self.optimizer = optimizer
-        self.weighting = weighting
-        self.stat = weighting_stat or weighting.value.reads
-        self.plan = plan or ExchangePlan()
-        self.aggregation = aggregation or AGGREGATIONS.resolve("mean")
-        weighted = self.aggregation.value.weighted
-        self.max_client_weight = max_client_weight
-        self.max_weight_ratio = max_weight_ratio if weighted else None  # robust rules count each client once
-        self.clip_norm, self.max_update_ratio, self.max_step_ratio = clip_norm, max_update_ratio, max_step_ratio
         self.sampled: list[str] = []
-        self.silo_dp = silo_dp  # silo-level DP: fixed denominator, central noise, the federation's accountant
-        if silo_dp is not None:  # the sensitivity bound covers one clipped update each, nothing decided by the others
-            self.max_update_ratio = self.max_weight_ratio = self.max_client_weight = None
-            self.clip_norm = silo_dp.clip if silo_dp.mode == "central" else None
         self.registered: dict[str, int] = {}  # silo → the number of examples it declared at the start
         self.uploaded: dict[str, list[str]] = {}  # per client: the names it uploaded last (download policies)
         self.round = 0
-        self._agg: RoundAggregator | None = None
-        self._pending: list[_Pending] = []
+        self._round: RoundAggregation | None = None
         self._record: dict = {}
         self._sent: dict[str, int] = {}  # bytes sent to each client this round
         self._sent_params: dict[str, int] = {}
@@ -125,15 +126,18 @@ class Server:
         """Each silo's size as known before any round: the bound on the size it may report."""
         self.registered = dict(sizes)
 
+    def refuses(self, round_idx: int) -> str | None:
+        """Why a stage refuses round `round_idx` before it starts (silo-level DP: the budget), or None."""
+        return next((why for stage in self.recipe.stages if (why := stage.refuses(round_idx))), None)
+
     def begin_round(self, round_idx: int, sampled: list[str] | None = None) -> None:
         self.round = round_idx
         self.sampled = list(sampled or [])  # silo-level DP's fixed denominator: the public weights of these
-        self._agg = RoundAggregator(self.weighting.value, like=self.params, rule=self.aggregation.value,
-                                    options=self.aggregation.options, max_weight=self.max_client_weight,
-                                    max_ratio=self.max_weight_ratio)
-        self._record, self._sent, self._sent_params, self._pending = {}, {}, {}, []
+        self._round = self.recipe.collect(self.recipe, self.params)
+        for stage in self.recipe.stages:
+            self._round = stage.wrap(self._round, round_idx, self.sampled, self.registered)
+        self._record, self._sent, self._sent_params = {}, {}, {}
         self._coded, self._received_view = {}, None
-        self._secure, self._secure_delta = None, None
 
     def payload(self, client: str) -> Tensors:
         """The tensors this client receives this round (coded by a download codec); their bytes are counted
@@ -181,8 +185,8 @@ class Server:
         if not is_finite(cast):
             return None, f"values overflow the server's dtype ({next(iter(self.params.values())).dtype})", None
         delta = {k: t - self.params[k] for k, t in cast.items()}
-        if self.lora_merge is not None:
-            delta = merged_delta(delta, self.params, self.lora_merge)
+        if self.recipe.lora_merge is not None:
+            delta = merged_delta(delta, self.params, self.recipe.lora_merge)
         norm = _norm(delta)
         if not math.isfinite(norm):
             return None, "the update's difference to the global tensors overflows", None
@@ -197,21 +201,17 @@ class Server:
         Each silo's entry keeps its numbers that were not masked (size, steps, seconds, its DP accountant).
         Returns why the sum cannot be used, or None."""
         self._secure_entries(updates, layout)
-        self._secure = {"silos": sorted(updates), **protocol}
-        try:
-            self._secure_delta = mean_from_sum(total, layout, self.params)
-        except ValueError as err:
-            self._secure["failed"] = str(err)
-            return str(err)
-        for client in updates:
-            self.uploaded[client] = list(layout.names)
-        return None
+        reason = self._round.take_sum(total, layout, list(updates), protocol)
+        if reason is None:
+            for client in updates:
+                self.uploaded[client] = list(layout.names)
+        return reason
 
     def secure_failed(self, reason: str, updates: dict[str, ClientUpdate] | None = None) -> None:
         """The round's secure sum could not be formed (too few silos finished the protocol); the silos that
         trained are recorded all the same (their DP accountants spent this round)."""
         self._secure_entries(updates or {}, self.secure_layout())
-        self._secure = {"silos": sorted(updates or {}), "failed": reason}
+        self._round.failed(reason, list(updates or {}))
 
     def _secure_entries(self, updates: dict[str, ClientUpdate], layout: Layout) -> None:
         for client, update in updates.items():
@@ -223,31 +223,12 @@ class Server:
             }
 
     def receive(self, client: str, update: ClientUpdate) -> str | None:
-        """Take one client's update; returns a rejection reason, or None. With `max_update_ratio` the
-        update is held until `end_round` compares it with the round's other updates."""
+        """Take one client's update; returns a rejection reason, or None. The round's aggregation may hold
+        it until `end_round` compares it with the round's other updates."""
         if client in self._record:  # a reply delivered twice must not count twice
             self._record[client]["duplicates"] = self._record[client].get("duplicates", 0) + 1
             return f"a second update from {client!r} in round {self.round} (only the first counts)"
-        entry = {
-            "n_examples": update.n_examples, "steps": update.steps, "losses": update.losses,
-            "delta_loss": _json_number(update.delta_loss), "mean_loss": _json_number(update.mean_loss),
-            "terms": {k: _json_number(v) for k, v in update.terms.items()},
-            "bytes_up": nbytes(update.tensors), "bytes_down": self._sent.get(client, 0),
-            "params_up": numel(carried_values(update.tensors)), "params_down": self._sent_params.get(client, 0),
-            "seconds": update.seconds, "weight": None,
-        }
-        if update.personal_terms:  # Ditto: the personal model's own training, beside the federated update
-            entry["personal_terms"] = {k: _json_number(v) for k, v in update.personal_terms.items()}
-        if update.phase_seconds:  # where the client's seconds went: before_training (pseudo labels), training, personal
-            entry["phase_seconds"] = {k: _json_number(v) for k, v in update.phase_seconds.items()}
-        if update.lr_last is not None:  # a client lr schedule: the rate of its last optimiser step
-            entry["lr_last"] = _json_number(update.lr_last)
-        if update.privacy:  # DP-SGD: the silo's own accountant, after this round
-            entry["privacy"] = {k: _json_number(v) for k, v in update.privacy.items()}
-        if update.transforms:  # what the silo's upload went through before it left
-            entry["transforms"] = [{k: _json_number(v) if isinstance(v, float) else v for k, v in t.items()}
-                                   for t in update.transforms]
-        self._record[client] = entry
+        entry = self._record[client] = _entry(update, self._sent.get(client, 0), self._sent_params.get(client, 0))
         reason = None
         if self.plan.upload_transforms:
             try:  # a codec's wire form that does not decode (a bad shape, a missing scale) is the silo's fault
@@ -263,68 +244,19 @@ class Server:
                 entry["n_examples"] = None  # keep rounds.jsonl valid JSON
             return reason
         value = update.statistic(self.stat) if self.stat else math.nan
-        pending = _Pending(client, delta, update.n_examples, value, norm / math.sqrt(max(numel(delta), 1)))
-        if self.max_update_ratio is None:
-            self._fold(pending, norm)
-        else:
-            entry["norm"] = norm
-            self._pending.append(pending)
+        self._round.add(Pending(client, delta, update.n_examples, value, norm,
+                                norm / math.sqrt(max(numel(delta), 1))), entry)
         return None
-
-    def _fold(self, pending: _Pending, norm: float) -> None:
-        """Clip to `clip_norm` and add to the round's aggregate."""
-        if self.clip_norm is not None and norm > self.clip_norm:
-            for t in pending.delta.values():
-                t.mul_(self.clip_norm / norm)
-            self._record[pending.client]["clipped_from"] = norm
-        self._agg.add(pending.client, pending.delta, pending.n_examples, pending.value)
-        self.uploaded[pending.client] = list(pending.delta)
-
-    def _screen(self) -> dict[str, str]:
-        """Reject each held update whose RMS exceeds `max_update_ratio` × the median RMS of the other
-        updates this round, then fold the rest in arrival order. A lone update has nothing to be
-        compared with; zero-length peers bound nothing. Returns {client: reason} of the rejected."""
-        rejected = {}
-        rms = [p.rms for p in self._pending]
-        for i, pending in enumerate(self._pending):
-            others = [r for j, r in enumerate(rms) if j != i and r > 0]
-            ref = statistics.median(others) if others else None
-            if ref is not None and pending.rms > self.max_update_ratio * ref:
-                rejected[pending.client] = (
-                    f"update RMS {pending.rms:.3g} is {pending.rms / ref:.3g}× the median of the other "
-                    f"{len(others)} updates this round (limit federation.max_update_ratio = "
-                    f"{self.max_update_ratio:g})")
-        while self._pending:  # popped as folded: the round holds one fewer copy at each step
-            pending = self._pending.pop(0)
-            entry = self._record[pending.client]
-            norm = entry.pop("norm")
-            if pending.client in rejected:
-                entry["rejected"] = rejected[pending.client]
-            else:
-                self._fold(pending, norm)
-        return rejected
 
     def end_round(self) -> dict:
         """Aggregate and step the server optimiser — unless the result would break the global
         tensors: then the round is skipped (recorded with the reason). Returns the round's record."""
-        if self._secure is not None:
-            return self._end_secure_round()
-        late = self._screen()
-        delta, weights = self._agg.finish()
-        for i, client in enumerate(self._agg.clients):
-            entry = self._record[client]
-            entry["weight"] = weights.values[i] if self.aggregation.value.weighted else None
-            if weights.fallback[i]:
-                entry["fallback"] = True
-            if weights.capped[i]:
-                entry["capped"] = True
-        dp_record = None
-        if self.silo_dp is not None and self._agg.clients:
-            delta, dp_record = self._silo_dp(delta, [c for c, w in zip(self._agg.clients, weights.values) if w > 0])
-        skipped = self._step(delta if self._agg.clients else None, "no client update was accepted")
-        record = {"weighting": self.weighting.name, "aggregation": self.aggregation.name,
-                  "fallback": weights.any_fallback,
-                  "applied": skipped is None, "clients": self._record,
+        out = self._round.finish(self._record)
+        for client, names in getattr(self._round, "folded", {}).items():
+            self.uploaded[client] = names
+        skipped = self._step(out.delta, out.none_reason)
+        record = {"weighting": self.weighting.name, **out.head, "applied": skipped is None, "clients": self._record,
+                  **out.body,
                   "bytes_up": sum(c["bytes_up"] for c in self._record.values()),
                   "bytes_down": sum(self._sent.values()),
                   "params_up": sum(c["params_up"] for c in self._record.values()),
@@ -332,15 +264,8 @@ class Server:
                   "sent": dict(self._sent)}
         if skipped:
             record["skipped"] = skipped
-        if dp_record:
-            record["silo_dp"] = dp_record
-        if late:  # rejected against the round's other updates: the engines warn from the record
-            record["rejected_at_end"] = late
-        robust = self.aggregation.value.weighted is False
-        if robust and 0 < len(self._agg.clients) < ROBUST_MIN_CLIENTS:
-            record["not_robust"] = (f"{self.aggregation.name} of {len(self._agg.clients)} update(s) is their mean: "
-                                    f"a robust rule needs at least {ROBUST_MIN_CLIENTS}")
-        self._agg = None
+        record.update(out.tail)
+        self._round = None
         return record
 
     def _step(self, delta: Tensors | None, none_reason: str) -> str | None:
@@ -350,50 +275,46 @@ class Server:
             return none_reason
         if not is_finite(delta):
             return "the aggregate of the accepted updates is not finite"
-        skipped = self.optimizer.check_step(self.params, delta, self.max_step_ratio)
+        skipped = self.optimizer.check_step(self.params, delta, self.recipe.limits.max_step_ratio)
         if skipped is None:
             with torch.no_grad():
                 self.optimizer.step(self.params, delta)
         return skipped
 
-    def _silo_dp(self, mean: Tensors, accepted: list[str]) -> tuple[Tensors, dict]:
-        """Silo-level DP on the round's mean: its public weights (1, or the registered sizes)."""
-        def weight(c: str) -> float:
-            return 1.0 if self.weighting.name == "equal" else float(self.registered.get(c, 0))
-        sampled = self.sampled or accepted
-        return self.silo_dp.privatise(mean, {c: weight(c) for c in accepted}, {c: weight(c) for c in sampled},
-                                      self.round)
-
-    def _end_secure_round(self) -> dict:
-        """Step with the secure sum's mean, unless it failed or would break the global tensors."""
-        delta, dp_record = self._secure_delta, None
-        if delta is not None and self.silo_dp is not None:
-            delta, dp_record = self._silo_dp(delta, self._secure["silos"])
-        skipped = self._step(delta, f"secure aggregation: {self._secure.get('failed', 'no sum')}")
-        record = {"weighting": self.weighting.name, "aggregation": "secure mean", "fallback": None,
-                  "applied": skipped is None, "clients": self._record, "secure": self._secure,
-                  "bytes_up": sum(c["bytes_up"] for c in self._record.values()),
-                  "bytes_down": sum(self._sent.values()),
-                  "params_up": sum(c["params_up"] for c in self._record.values()),
-                  "params_down": sum(self._sent_params.values()), "sent": dict(self._sent)}
-        if skipped:
-            record["skipped"] = skipped
-        if dp_record:
-            record["silo_dp"] = dp_record
-        self._agg, self._secure, self._secure_delta = None, None, None
-        return record
-
     def state_dict(self) -> dict:
         state = {"params": self.params, "optimizer": self.optimizer.state_dict(),
                  "uploaded": {c: ",".join(n) for c, n in self.uploaded.items()}}
-        if self.silo_dp is not None:  # the federation's accountant: a resume goes on from its history
-            state["silo_dp"] = json.dumps(self.silo_dp.budget.to_meta())
+        for stage in self.recipe.stages:  # e.g. the federation's DP accountant: a resume goes on from it
+            state[stage.state_key] = stage.state_dict()
         return state
 
     def load_state_dict(self, state: dict) -> None:
         self.params = {k: v.clone() for k, v in state["params"].items()}
         self.optimizer.load_state_dict(state["optimizer"])
         self.uploaded = {c: (s.split(",") if s else []) for c, s in state.get("uploaded", {}).items()}
-        if self.silo_dp is not None:
-            self.silo_dp.budget = Budget.from_meta(json.loads(state["silo_dp"])) if "silo_dp" in state else \
-                Budget(self.silo_dp.noise_multiplier, 1.0, self.silo_dp.budget.delta, self.silo_dp.budget.target_epsilon)
+        for stage in self.recipe.stages:
+            stage.load_state_dict(state.get(stage.state_key))
+
+
+def _entry(update: ClientUpdate, bytes_down: int, params_down: int) -> dict:
+    """A client's entry in the round record, as its update arrived."""
+    entry = {
+        "n_examples": update.n_examples, "steps": update.steps, "losses": update.losses,
+        "delta_loss": _json_number(update.delta_loss), "mean_loss": _json_number(update.mean_loss),
+        "terms": {k: _json_number(v) for k, v in update.terms.items()},
+        "bytes_up": nbytes(update.tensors), "bytes_down": bytes_down,
+        "params_up": numel(carried_values(update.tensors)), "params_down": params_down,
+        "seconds": update.seconds, "weight": None,
+    }
+    if update.personal_terms:  # Ditto: the personal model's own training, beside the federated update
+        entry["personal_terms"] = {k: _json_number(v) for k, v in update.personal_terms.items()}
+    if update.phase_seconds:  # where the client's seconds went: before_training (pseudo labels), training, personal
+        entry["phase_seconds"] = {k: _json_number(v) for k, v in update.phase_seconds.items()}
+    if update.lr_last is not None:  # a client lr schedule: the rate of its last optimiser step
+        entry["lr_last"] = _json_number(update.lr_last)
+    if update.privacy:  # DP-SGD: the silo's own accountant, after this round
+        entry["privacy"] = {k: _json_number(v) for k, v in update.privacy.items()}
+    if update.transforms:  # what the silo's upload went through before it left
+        entry["transforms"] = [{k: _json_number(v) if isinstance(v, float) else v for k, v in t.items()}
+                               for t in update.transforms]
+    return entry

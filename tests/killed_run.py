@@ -35,7 +35,7 @@ def interrupted_in_round_two(monkeypatch, cfg, out: Path, loop: str = "train_loc
     place afterwards."""
     import pytest
 
-    import fedsilo.client.silo as silo
+    import fedsilo.client.trainers as silo
     from fedsilo.runs.runner import run_experiment
 
     real, calls = getattr(silo, loop), {"n": 0}

@@ -2,6 +2,9 @@
 import pytest
 import torch
 
+from fedsilo.client.objective import Term, prox
+from fedsilo.client.optim import sgd
+from fedsilo.client.train import TrainingParts
 from fedsilo.client.train import LossLog, train_local
 from fedsilo.core.weighting import delta_loss
 
@@ -25,7 +28,7 @@ def collate(batch):
 
 def run(n_examples, epochs, batch_size=1, **kw):
     model = Counting()
-    kw.setdefault("optimizer", "sgd")
+    kw.setdefault("parts", TrainingParts(optimizer=sgd))
     result, _ = train_local(model, list(range(n_examples)), collate, model.loss, epochs=epochs, lr=0.1,
                             batch_size=batch_size, max_grad_norm=None, **kw)
     return result
@@ -85,8 +88,8 @@ def test_terms_are_logged_by_name_and_tracked_terms_choose_the_logged_loss():
         return {"task": m(batch["x"]).pow(2).mean()}
 
     data = [[1.0, 0.0]] * 4
-    common = dict(epochs=1, lr=0.0, batch_size=4, optimizer="sgd", max_grad_norm=None, anchor=anchor,
-                  regularizers={"prox": 0.5})
+    common = dict(epochs=1, lr=0.0, batch_size=4, max_grad_norm=None, anchor=anchor,
+                  parts=TrainingParts(optimizer=sgd, regularizers=(Term("prox", prox, 0.5),)))
     col = lambda b: {"x": torch.tensor(b)}  # noqa: E731
     with_prox, _ = train_local(model, data, col, loss, **common)
     task_only, _ = train_local(model, data, col, loss, tracked_terms=["task"], **common)

@@ -12,8 +12,8 @@ from fedsilo.core.tensors import nbytes
 from fedsilo.core.weighting import WEIGHTINGS
 from fedsilo.core.messages import ClientUpdate
 from fedsilo.engines.local import run_round
-from fedsilo.server import Server
-from tests.toy import TiedToy, ToyTask, toy_data
+from fedsilo.recipe import silo_recipe
+from tests.toy import TiedToy, ToyTask, server_with, toy_data
 
 CFG = ClientConfig(epochs=1, lr=0.1, batch_size=4, optimizer="sgd", max_grad_norm=0)
 
@@ -23,10 +23,10 @@ def federation(plan: ExchangePlan, n_clients: int = 2, store=None, cfg: ClientCo
     model = TiedToy()
     params = dict(model.named_parameters())
     shared, private = plan.split(params)
-    server = Server({k: params[k].detach() for k in shared}, ServerOptimizer("fedavg"), WEIGHTINGS.resolve("size"), plan)
+    server = server_with({k: params[k].detach() for k in shared}, ServerOptimizer("fedavg"), WEIGHTINGS.resolve("size"),
+                         plan)
     store = store if store is not None else MemoryStore()
-    initial = {k: params[k].detach().clone() for k in private}
-    clients = {f"c{i}": SiloClient(f"c{i}", i, toy_data(8 + 4 * i, seed=i), ToyTask, cfg, model, plan, store, initial)
+    clients = {f"c{i}": SiloClient(f"c{i}", ToyTask, toy_data(8 + 4 * i, seed=i), model, store, silo_recipe(cfg, plan, i))
                for i in range(n_clients)}
     return model, server, clients
 

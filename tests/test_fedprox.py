@@ -1,7 +1,10 @@
 import pytest
 import torch
 
+from fedsilo.client.objective import Term
 from fedsilo.client.objective import prox as prox_term
+from fedsilo.client.optim import sgd
+from fedsilo.client.train import TrainingParts
 from fedsilo.client.train import train_local
 from tests.toy import TiedToy, ToyTask, toy_collate, toy_data
 
@@ -26,8 +29,8 @@ def test_one_sgd_step_includes_prox_gradient():
     model(**toy_collate(data)).loss.backward()  # batch = all 4 examples, order irrelevant for the mean
     grads = {k: p.grad.clone() for k, p in params.items()}
     mu, lr = 0.3, 0.1
-    result, _ = train_local(model, data, toy_collate, ToyTask.loss, epochs=1, lr=lr, batch_size=4, optimizer="sgd",
-                            regularizers={"prox": mu}, anchor=anchor, max_grad_norm=None)
+    result, _ = train_local(model, data, toy_collate, ToyTask.loss, epochs=1, lr=lr, batch_size=4, anchor=anchor,
+                            parts=TrainingParts(optimizer=sgd, regularizers=(Term("prox", prox_term, mu),)), max_grad_norm=None)
     for k, p in params.items():
         expected = start[k] - lr * (grads[k] + mu * (start[k] - anchor[k]))
         assert torch.allclose(p.detach(), expected, atol=1e-6), k

@@ -20,6 +20,7 @@ from fedsilo.core.messages import ClientUpdate
 from fedsilo.core.aggregate import AGGREGATIONS
 from fedsilo.core.weighting import WEIGHTINGS
 from fedsilo.server import Server
+from tests.toy import server_with
 from tests.killed_run import past_round_1
 from tests.test_plugins import rounds_of, toy_config
 
@@ -32,7 +33,7 @@ def _server(weighting="size", lr=1.0, **kw) -> Server:
     limits = {"max_update_ratio": 100.0, "max_step_ratio": 1000.0, "max_weight_ratio": 10.0}  # the defaults
     if "aggregation" in kw:
         kw["aggregation"] = AGGREGATIONS.resolve(kw["aggregation"], kw.pop("aggregation_options", None))
-    server = Server(params, ServerOptimizer("fedavg", lr), WEIGHTINGS.resolve(weighting), **{**limits, **kw})
+    server = server_with(params, ServerOptimizer("fedavg", lr), WEIGHTINGS.resolve(weighting), **{**limits, **kw})
     server.register({c: 10 for c in (*HONEST, "evil")})
     server.begin_round(1)
     return server

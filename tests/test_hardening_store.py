@@ -21,6 +21,7 @@ from fedsilo.client.silo import SiloClient
 from fedsilo.client.store import ClientState, DiskStore, tensor_digest
 from fedsilo.config import to_toml, validate
 from fedsilo.core.exchange import ExchangePlan
+from fedsilo.recipe import silo_recipe
 from fedsilo.errors import StoreError
 from fedsilo.tasks import prepared, tokens
 from tests.test_bad_input import fails
@@ -151,9 +152,8 @@ def test_a_store_file_of_another_model_is_named_not_a_traceback(tmp_path):
     plan = ExchangePlan(shared=("*",), private=("dec.*",))
     torch.manual_seed(0)
     model = TiedToy()
-    initial = {k: p.detach().clone() for k, p in model.named_parameters() if k.startswith("dec.")}
     store = DiskStore(tmp_path, "run-1")
-    client = SiloClient("c0", 0, toy_data(8, seed=0), ToyTask, CFG, model, plan, store, initial)
+    client = SiloClient("c0", ToyTask, toy_data(8, seed=0), model, store, silo_recipe(CFG, plan))
     store.set_round(1)
     store.put("c0", ClientState({"own": {"dec.weight": torch.zeros(4, 4), "dec.bias": torch.zeros(3)}}, {}))
     with pytest.raises(StoreError, match=r"c0/round-00001.safetensors: its own tensor 'dec.weight' \(4, 4\) "
@@ -293,7 +293,7 @@ def test_prepared_entries_carry_a_hash_and_a_bad_one_is_ignored_with_a_warning(t
 
 
 def test_an_altered_matching_cache_is_rebuilt_not_blamed_on_the_data(tmp_path, monkeypatch):
-    from fedsilo.tasks.matching.data import load_silo
+    from fedsilo.tasks.matching.benchmark import load_silo
     from tests.test_matching_data import _insurance_rows, _insuranceqa
 
     monkeypatch.setenv("FEDSILO_DATA", str(tmp_path / "cache"))

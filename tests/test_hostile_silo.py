@@ -15,6 +15,7 @@ from fedsilo.core.messages import ClientUpdate
 from fedsilo.core.aggregate import AGGREGATIONS
 from fedsilo.core.weighting import WEIGHTINGS
 from fedsilo.server import Server
+from tests.toy import server_with
 from tests.test_plugins import rounds_of, toy_config
 
 HONEST = ("h1", "h2", "h3", "h4")
@@ -26,7 +27,7 @@ def _server(weighting="size", **limits) -> Server:
     params = {"w": torch.ones(8), "b": torch.zeros(2)}
     if "aggregation" in limits:
         limits["aggregation"] = AGGREGATIONS.resolve(limits["aggregation"])
-    server = Server(params, ServerOptimizer("fedavg", 1.0), WEIGHTINGS.resolve(weighting), **{**DEFAULTS, **limits})
+    server = server_with(params, ServerOptimizer("fedavg", 1.0), WEIGHTINGS.resolve(weighting), **{**DEFAULTS, **limits})
     server.register({c: 10 for c in (*HONEST, "evil")})
     return server
 
@@ -192,8 +193,8 @@ def test_a_weight_cap_that_does_not_bind_leaves_the_aggregate_bit_identical():
     sizes = [7, 13, 5, 11]
     out = []
     for limits in ({"max_weight_ratio": None}, {"max_weight_ratio": 10.0}):
-        server = Server({"w": torch.zeros(64), "b": torch.zeros(3)}, ServerOptimizer("fedavg", 1.0), WEIGHTINGS.resolve("size"),
-                        **{**DEFAULTS, **limits})
+        server = server_with({"w": torch.zeros(64), "b": torch.zeros(3)}, ServerOptimizer("fedavg", 1.0),
+                             WEIGHTINGS.resolve("size"), **{**DEFAULTS, **limits})
         server.begin_round(1)
         for i, (u, n) in enumerate(zip(updates, sizes)):
             server.receive(f"c{i}", ClientUpdate({k: t.clone() for k, t in u.items()}, n))

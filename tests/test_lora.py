@@ -21,6 +21,7 @@ from fedsilo.models.settings import ModelConfig
 from fedsilo.recipe import build_model, build_task
 from fedsilo.runs.runner import run_experiment
 from fedsilo.server import Server
+from tests.toy import server_with
 from tests.test_plugins import rounds_of, toy_config
 
 SMALL = {"d_model": 32, "d_ff": 64, "num_layers": 1, "num_decoder_layers": 1, "num_heads": 2, "dropout": 0.0}
@@ -127,8 +128,8 @@ def test_exact_aggregation_equals_the_weighted_sum_of_the_silos_products(ranks):
              "n.base_layer.weight": torch.randn(7, 3, generator=g, dtype=torch.float64),
              "head.weight": torch.randn(2, generator=g, dtype=torch.float64)}
     scaling = 2.0
-    server = Server(start, ServerOptimizer("fedavg", 1.0), WEIGHTINGS.resolve("size"), ExchangePlan(), lora_merge=scaling,
-                    max_update_ratio=None, max_weight_ratio=None)
+    server = server_with(start, ServerOptimizer("fedavg", 1.0), WEIGHTINGS.resolve("size"), ExchangePlan(),
+                         lora_merge=scaling)
     server.begin_round(1)
     uploads, sizes = [], [10, 30, 60]
     for i, (rank, n) in enumerate(zip(ranks, sizes)):

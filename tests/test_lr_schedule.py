@@ -5,13 +5,15 @@ import math
 import pytest
 import torch
 
-from fedsilo.client.schedule import StepSchedule
+from fedsilo.client.optim import adamw
+from fedsilo.client.schedule import LR_SCHEDULES, StepSchedule, constant
 from fedsilo.client.silo import SiloClient
 from fedsilo.client.store import MemoryStore
-from fedsilo.client.train import train_local
+from fedsilo.client.train import TrainingParts, train_local
 from fedsilo.client.settings import ClientConfig, PersonalConfig
 from fedsilo.config import ConfigError, validate
 from fedsilo.core.exchange import ExchangePlan
+from fedsilo.recipe import silo_recipe
 from fedsilo.runs.runner import run_experiment
 from tests.killed_run import interrupted_in_round_two
 from tests.synth import tiny_config, write_silos
@@ -21,7 +23,7 @@ def rates(name, warmup, start, total, steps, base=(0.1,)):
     """Each group's rate at `steps` successive optimiser steps from `start`."""
     groups = [{"params": [torch.nn.Parameter(torch.zeros(1))], "lr": lr} for lr in base]
     opt = torch.optim.SGD(groups, lr=base[0])
-    schedule = StepSchedule(name, opt, warmup, start, total)
+    schedule = StepSchedule(LR_SCHEDULES.get(name), opt, warmup, start, total)
     seen = []
     for _ in range(steps):
         seen.append([g["lr"] for g in opt.param_groups])
@@ -67,7 +69,7 @@ def test_each_group_keeps_its_own_base_rate():
 def test_constant_attaches_nothing():
     groups = [{"params": [torch.nn.Parameter(torch.zeros(1))], "lr": 0.1}]
     opt = torch.optim.SGD(groups, lr=0.1)
-    StepSchedule("constant", opt, 0.0, 7, 20).step()
+    StepSchedule(constant, opt, 0.0, 7, 20).step()
     assert opt.param_groups[0]["lr"] == 0.1 and "initial_lr" not in opt.param_groups[0]
 
 
@@ -99,7 +101,11 @@ def slope_client(rounds=2, n=4, private=(), **cfg):
     model = Slope().double()
     plan = ExchangePlan(shared=("*",), private=private)
     initial = {k: torch.zeros(1, dtype=torch.float64) for k in private}
-    return SiloClient("c", 0, list(range(n)), SlopeTask, cfg, model, plan, MemoryStore(), initial, rounds=rounds)
+    with torch.no_grad():  # the private tensors start at zero
+        for k, p in model.named_parameters():
+            if k in initial:
+                p.copy_(initial[k])
+    return SiloClient("c", SlopeTask, list(range(n)), model, MemoryStore(), silo_recipe(cfg, plan, rounds=rounds))
 
 
 def used_rates(client, round_idx, name="w"):
@@ -178,9 +184,10 @@ def test_constant_is_bit_identical_to_no_schedule():
         data = [torch.randn(3) for _ in range(10)]
         loss = lambda m, b: {"task": (m(b["x"]) ** 2).mean()}  # noqa: E731
         _, opt = train_local(model, data, lambda b: {"x": torch.stack(b)}, loss, epochs=2, lr=0.05, batch_size=3,
-                             optimizer="adamw", lr_overrides={"2.weight": 0.01}, **kw)
+                             lr_overrides={"2.weight": 0.01}, **{"parts": TrainingParts(optimizer=adamw), **kw})
         return model.state_dict(), opt
-    (before, _), (after, opt) = train(), train(lr_schedule="constant", schedule_start=5, schedule_total=9)
+    (before, _), (after, opt) = train(), train(parts=TrainingParts(optimizer=adamw, schedule=constant), schedule_start=5,
+                                                   schedule_total=9)
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert [g["lr"] for g in opt.param_groups] == [0.05, 0.01]
     assert not any("initial_lr" in g for g in opt.param_groups)

@@ -7,6 +7,7 @@ import torch
 
 import tests.toyplugins as toyplugins
 from fedsilo.config import validate
+from fedsilo.recipe import build_recipe
 from fedsilo.runs.runner import run_experiment
 from fedsilo.tasks.base import pool
 
@@ -23,7 +24,9 @@ def toy_config(**sections) -> dict:
     }
     for key, value in sections.items():
         cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value
-    return validate(cfg)
+    cfg = validate(cfg)
+    build_recipe(cfg)  # every combination check, as a run makes them
+    return cfg
 
 
 def rounds_of(run):

@@ -12,6 +12,8 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification, MarianConfig, MarianMTModel
 
+from fedsilo.client.optim import sgd
+from fedsilo.client.train import TrainingParts
 from fedsilo.client.private import PrivateSGD, plan_budget
 from fedsilo.privacy.accountant import ORDERS, Budget
 from fedsilo.client.settings import DPSettings
@@ -383,10 +385,10 @@ def test_auto_goes_on_one_example_at_a_time_for_a_model_opacus_cannot_take():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     budget = Budget(1.0, 0.5, 1e-5)
     result, _ = train_private(model, items, collate, Sequences, budget, DPSettings(noise_multiplier=1.0),
-                              steps=3, lr=0.01, batch_size=3, optimizer="sgd")
+                              steps=3, lr=0.01, batch_size=3, parts=TrainingParts(optimizer=sgd))
     assert result.steps == 3 and budget.steps == 3
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
     with pytest.raises(ConfigError, match="use dp.clipping = \"loop\""):
         train_private(tiny_t5(), items, collate, Sequences, Budget(1.0, 0.5, 1e-5),
                       DPSettings(noise_multiplier=1.0, clipping="per_example"), steps=1, lr=0.01, batch_size=6,
-                      optimizer="sgd")
+                      parts=TrainingParts(optimizer=sgd))

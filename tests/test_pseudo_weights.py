@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from fedsilo.client.pseudo import TOKEN_WEIGHTINGS, neg_energy, token_weights
+from fedsilo.client.pseudo import TOKEN_WEIGHTINGS, neg_energy, softplus_weights, token_weights, uniform_weights
 
 
 def test_neg_energy_by_hand_top_k_and_temperature():
@@ -41,10 +41,10 @@ def test_all_nonpositive_energies_still_give_a_distribution():
 
 def test_uniform_and_softplus_weightings():
     top = torch.tensor([[4.0, 0.0], [1.0, 0.0], [0.5, 0.2], [9.0, 9.0]])
-    assert token_weights(top, "uniform").tolist() == pytest.approx([0.25] * 4)
+    assert token_weights(top, uniform_weights).tolist() == pytest.approx([0.25] * 4)
     e = neg_energy(top)
     sp = torch.nn.functional.softplus(e)
-    assert token_weights(top, "energy_softplus").tolist() == pytest.approx((sp / sp.sum()).tolist())
+    assert token_weights(top, softplus_weights).tolist() == pytest.approx((sp / sp.sum()).tolist())
     assert set(TOKEN_WEIGHTINGS) >= {"energy", "energy_softplus", "uniform"}
 
 

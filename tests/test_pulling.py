@@ -16,7 +16,8 @@ from fedsilo.core.pulling import PullingSettings, change, groups, leading_share,
 from fedsilo.core.server_opt import ServerOptimizer
 from fedsilo.core.weighting import WEIGHTINGS
 from fedsilo.engines.local import run_round
-from fedsilo.server import Server
+from fedsilo.recipe import silo_recipe
+from tests.toy import server_with
 
 ENC = [f"model.encoder.layers.{i}.w" for i in range(6)]
 DEC = [f"model.decoder.layers.{i}.w" for i in range(4)]
@@ -217,10 +218,11 @@ def dp_federation(upload="dp_l", download="all", overwrite="uploaded", n_clients
     plan = ExchangePlan(upload=SELECTORS.resolve(upload, PullingSettings(**(options or {}))),
                         download=DOWNLOADS.resolve(download), overwrite=OVERWRITES.resolve(overwrite))
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    server = Server({k: p.detach() for k, p in params.items()}, ServerOptimizer("fedavg"), WEIGHTINGS.resolve("size"), plan)
+    server = server_with({k: p.detach() for k, p in params.items()}, ServerOptimizer("fedavg"), WEIGHTINGS.resolve("size"),
+                         plan)
     store = MemoryStore()
     cfg = ClientConfig(epochs=1, lr=0.5, batch_size=4, optimizer="sgd", max_grad_norm=0)
-    clients = {f"c{i}": SiloClient(f"c{i}", i, vector_data(8, seed=i), VectorTask, cfg, model, plan, store, {})
+    clients = {f"c{i}": SiloClient(f"c{i}", VectorTask, vector_data(8, seed=i), model, store, silo_recipe(cfg, plan, i))
                for i in range(n_clients)}
     return model, server, clients
 

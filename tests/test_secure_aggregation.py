@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedsilo.recipe import build_recipe
 from fedsilo.config import validate
 from fedsilo.core.aggregate import RoundAggregator
 from fedsilo.core.masking import Layout, mean_from_sum, weighted_vector
@@ -142,23 +143,30 @@ def test_a_wire_capture_of_a_secure_deployment_holds_no_silos_update(tmp_path, m
     same config, which computes the same numbers) never crosses the wire; the global model does (control)."""
     import fedsilo.client.silo as silo_module
     from fedsilo.config import to_toml
+    from fedsilo.privacy.secure_stages import SecureMask
     from fedsilo.engines.flower.deploy import LocalDeployment, silo_nodes
     from tests.wiretap import Wiretap
 
     monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cfg = toy_config(federation={"rounds": 1, "weighting": "size", "secure_aggregation": {}}, engine={"workers": 1})
     uploads: list[tuple[str, dict, dict, np.ndarray]] = []
-    real = silo_module.SiloClient._masked
+    real, real_fit, fitting = SecureMask.__call__, silo_module.SiloClient.fit, []
 
-    def recorded(self, update, received):
+    def recorded(self, update, received):  # the mask, the last stage of a silo's round
         out = real(self, update, received)
-        uploads.append((self.name, dict(update.tensors), dict(received), out.secure_input))
+        uploads.append((fitting[-1], dict(update.tensors), dict(received), out.secure_input))
         return out
 
-    monkeypatch.setattr(silo_module.SiloClient, "_masked", recorded)
+    def fit(self, *args, **kwargs):
+        fitting.append(self.name)
+        return real_fit(self, *args, **kwargs)
+
+    monkeypatch.setattr(SecureMask, "__call__", recorded)
+    monkeypatch.setattr(silo_module.SiloClient, "fit", fit)
     torch.set_num_threads(1)
     run_experiment(cfg, tmp_path / "local", show_progress=False)
-    monkeypatch.setattr(silo_module.SiloClient, "_masked", real)
+    monkeypatch.setattr(SecureMask, "__call__", real)
+    monkeypatch.setattr(silo_module.SiloClient, "fit", real_fit)
     assert [u[0] for u in uploads] == ["alpha", "beta", "gamma"]
 
     config = tmp_path / "toy.toml"
@@ -209,4 +217,4 @@ def test_combinations_that_need_one_update_in_the_clear_are_refused_by_name(sect
     for key, value in sections.items():
         base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value
     with pytest.raises(Exception, match=culprit):
-        validate(base)
+        build_recipe(validate(base))

@@ -11,6 +11,7 @@ import dp_accounting
 import pytest
 import torch
 
+from fedsilo.recipe import build_recipe
 from fedsilo.config import validate
 from fedsilo.privacy.accountant import ORDERS, Budget
 from fedsilo.privacy.silo_dp import SiloDP, silo_noise
@@ -30,7 +31,7 @@ def google_gaussian_epsilon(sigmas: list[float], delta: float) -> float:
 
 
 def dp(mode="central", sigma=1.5, clip=0.5, target=None, delta=1e-5, seed=0) -> SiloDP:
-    return SiloDP(mode, clip, sigma, Budget(sigma, 1.0, delta, target), seed=seed)
+    return SiloDP(mode == "central", clip, sigma, Budget(sigma, 1.0, delta, target), seed=seed)
 
 
 def test_the_federations_epsilon_equals_dp_accounting_per_round():
@@ -121,4 +122,4 @@ def test_weightings_the_accountant_cannot_cover_are_refused_by_name(federation, 
             "model": {"d_model": 32, "d_ff": 64, "num_layers": 1, "num_heads": 2},
             "federation": {"silo_dp": {"clip": 1.0, "noise_multiplier": 1.0}, **federation}}
     with pytest.raises(Exception, match=culprit):
-        validate(base)
+        build_recipe(validate(base))

@@ -6,6 +6,8 @@ import warnings
 import pytest
 import torch
 
+from fedsilo.client.optim import sgd
+from fedsilo.client.train import TrainingParts
 from fedsilo.client import batching
 from fedsilo.client.batching import BATCH_ORDERS, default_window, padding_share
 from fedsilo.config import ConfigError, validate
@@ -221,7 +223,8 @@ def test_bf16_trains_under_autocast_with_fp32_weights():
         model = TiedToy()
         hook = model.enc.register_forward_hook(lambda m, i, o, p=p: seen.append((p, o.dtype)))
         result, _ = train_local(model, toy_data(32, 0), toy_collate, lambda m, b: {"task": m(**b).loss},
-                                epochs=2, lr=0.1, batch_size=8, optimizer="sgd", precision=p, seed=0)
+                                epochs=2, lr=0.1, batch_size=8, parts=TrainingParts(optimizer=sgd), precision=p,
+                                seed=0)
         hook.remove()
         results[p] = result.mean_loss
         assert all(t.dtype == torch.float32 for t in model.parameters())

@@ -42,3 +42,14 @@ class ToyTask:
     @staticmethod
     def loss(model, batch):
         return {"task": model(**batch).loss}
+
+
+def server_with(params, optimizer, weighting, plan=None, aggregation=None, lora_merge=None, **limits):
+    """A Server over `params` from its parts, as fedsilo.recipe.server_recipe assembles them."""
+    from fedsilo.core.exchange import ExchangePlan
+    from fedsilo.core.rounds import Limits
+    from fedsilo.server import Server, ServerRecipe
+
+    extra = {"aggregation": aggregation} if aggregation is not None else {}
+    return Server(params, ServerRecipe(optimizer, weighting, limits=Limits(**limits), plan=plan or ExchangePlan(),
+                                       lora_merge=lora_merge, **extra))

@@ -5,11 +5,13 @@ in its first round); evaluation uses v. Registered as the after-training pass "d
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from fedsilo.core.tensors import Tensors
 
 from .hooks import AFTER_TRAINING, AfterContext
+from .objective import Term, personal
 from .schedule import round_steps
 from .settings import PersonalConfig
 from .silo import federated_parameters, load_tensors
@@ -27,14 +29,14 @@ class Ditto:
         load_tensors(client.model, ctx.received, ctx.kept)
         items, collate, lengths = client.batches_from(ctx.examples)
         result, _ = train_local(
-            client.model, items, collate, client.loss_fn, lengths=lengths, batch_order=cfg.batching,
+            client.model, items, collate, client.loss_fn, lengths=lengths,
             length_window=cfg.length_window, precision=client.precision, epochs=options.epochs,
             lr=options.lr or cfg.lr, batch_size=cfg.batch_size, grad_accum=cfg.grad_accum,
-            optimizer=cfg.optimizer, weight_decay=cfg.weight_decay, logging_steps=cfg.logging_steps,
-            regularizers={"personal": options.coef},
+            weight_decay=cfg.weight_decay, logging_steps=cfg.logging_steps,
+            parts=replace(client.recipe.trainer.parts, regularizers=(Term("personal", personal, options.coef),)),
             anchor={k: ctx.received[k] for k in ctx.received if k in client.shared_names},
             tracked_terms=cfg.tracked_terms, seed=ctx.seed + 1, max_grad_norm=cfg.max_grad_norm or None,
-            on_step=ctx.on_step, lr_schedule=cfg.lr_schedule, warmup=cfg.warmup)  # restarts every round
+            on_step=ctx.on_step, warmup=cfg.warmup)  # its schedule restarts every round
         return {k: t.detach().clone() for k, t in federated_parameters(client.model).items()}, result.terms
 
 

@@ -6,7 +6,8 @@ Ditto / FewFedWeight (the same formula on a model the client keeps). Every term 
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,7 +21,7 @@ REGULARIZERS: Registry[Regularizer] = Registry("regularizer")
 LossFn = Callable[[torch.nn.Module, Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]
 CLIENT_OBJECTIVES: Registry[Callable[[Any, Any], LossFn]] = Registry("client objective")
 """name → (task, client config) → the loss function of local training (named terms per batch)."""
-CLIENT_OBJECTIVES.add("task", lambda task, cfg: task.loss)
+TASK_LOSS = CLIENT_OBJECTIVES.add("task", lambda task, cfg: task.loss)  # the task's own loss, example by example
 
 
 def squared_distance(params: Mapping[str, torch.Tensor], anchor: Tensors) -> torch.Tensor:
@@ -44,13 +45,21 @@ def personal(params, anchor: Tensors, coef: float) -> torch.Tensor:
     return 0.5 * coef * squared_distance(params, anchor)
 
 
+@dataclass(frozen=True)
+class Term:
+    """A regulariser as a run holds it: its name (its loss term's), function and coefficient."""
+    name: str
+    fn: Callable[..., torch.Tensor]
+    coef: float
+
+
 def objective_terms(task_terms: Mapping[str, torch.Tensor], params, anchor: Tensors,
-                    regularizers: Mapping[str, float]) -> dict[str, torch.Tensor]:
+                    regularizers: Sequence[Term]) -> dict[str, torch.Tensor]:
     """All named terms of one step: the task's, then each regulariser with a positive coefficient."""
     terms = dict(task_terms)
-    for name, coef in regularizers.items():
-        if coef > 0:
-            if name in terms:
-                raise ValueError(f"regularizer {name!r} has the name of a task loss term")
-            terms[name] = REGULARIZERS.get(name)(params, anchor, coef)
+    for term in regularizers:
+        if term.coef > 0:
+            if term.name in terms:
+                raise ValueError(f"regularizer {term.name!r} has the name of a task loss term")
+            terms[term.name] = term.fn(params, anchor, term.coef)
     return terms

@@ -28,6 +28,3 @@ def adamw(params, lr: float, weight_decay: float) -> torch.optim.Optimizer:
 def sgd(params, lr: float, weight_decay: float) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay)
 
-
-def make_optimizer(name: str, params, lr: float, weight_decay: float = 0.0) -> torch.optim.Optimizer:
-    return CLIENT_OPTIMIZERS.get(name)(params, lr, weight_decay)

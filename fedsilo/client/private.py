@@ -95,7 +95,7 @@ def ties_parameters(model: torch.nn.Module) -> bool:
 def generator(settings: DPSettings, seed: int, device: torch.device | str = "cpu") -> torch.Generator:
     """A source of the Poisson samples or the noise (see DPSettings.noise)."""
     g = torch.Generator(device=device)
-    g.manual_seed(int.from_bytes(os.urandom(8), "little") if settings.noise == "secret" else seed)
+    g.manual_seed(seed if settings.seeded else int.from_bytes(os.urandom(8), "little"))
     return g
 
 
@@ -307,11 +307,11 @@ def _logits(out) -> torch.Tensor:
     return out if isinstance(out, torch.Tensor) else out.logits
 
 
-def regularizer_grads(params: Mapping[str, torch.nn.Parameter], anchor: Tensors, regularizers: Mapping[str, float],
+def regularizer_grads(params: Mapping[str, torch.nn.Parameter], anchor: Tensors, regularizers: Sequence,
                       terms: Callable) -> Callable[[], list[torch.Tensor | None] | None]:
     """The gradient of the regularisers alone (no data), for `PrivateSGD.step`."""
     def grads():
-        active = {k: v for k, v in regularizers.items() if v > 0}
+        active = [t for t in regularizers if t.coef > 0]
         if not active:
             return None
         total = sum(terms({}, params, anchor, active).values())
@@ -327,30 +327,30 @@ def steps_per_round(n: int, batch_size: int, epochs: int, steps: int | None) -> 
 
 def train_private(model: torch.nn.Module, examples: Sequence, collate: Callable[[Sequence], dict], task,
                   budget: Budget, settings: DPSettings, *, steps: int, lr: float, batch_size: int,
-                  lr_overrides: Mapping[str, float] | None = None, optimizer: str = "adafactor",
-                  weight_decay: float = 0.0, regularizers: Mapping[str, float] | None = None,
+                  lr_overrides: Mapping[str, float] | None = None, parts=None, weight_decay: float = 0.0,
                   anchor: Tensors | None = None, seed: int = 0, max_grad_norm: float | None = None,
                   optimizer_state: Callable[[torch.optim.Optimizer], None] | None = None,
-                  on_step: Callable[[], None] | None = None, lr_schedule: str = "constant", warmup: float = 0.0,
+                  on_step: Callable[[], None] | None = None, warmup: float = 0.0,
                   schedule_start: int = 0, schedule_total: int | None = None):
     """`steps` DP-SGD steps on Poisson samples of `examples`; the budget records them. Returns
     (LocalResult, the plain optimiser, whose state a silo may keep)."""
     from .objective import objective_terms
-    from .optim import make_optimizer
     from .schedule import StepSchedule
-    from .train import LocalResult, param_groups
+    from .train import LocalResult, TrainingParts, param_groups
+
+    parts = parts or TrainingParts()
 
     params = dict(model.named_parameters())
     device = next(iter(params.values())).device
-    plain = make_optimizer(optimizer, param_groups(params, lr, lr_overrides or {}), lr, weight_decay)
+    plain = parts.optimizer(param_groups(params, lr, lr_overrides or {}), lr, weight_decay)
     if optimizer_state is not None:
         optimizer_state(plain)
-    schedule = StepSchedule(lr_schedule, plain, warmup, schedule_start, schedule_total or steps)
+    schedule = StepSchedule(parts.schedule, plain, warmup, schedule_start, schedule_total or steps)
     g = generator(settings, seed)  # the Poisson samples
     noise = generator(settings, seed + 1, device)
     dp = LoopSGD(model, plain, budget, settings, batch_size, noise) if settings.clipping == "loop" else \
         PrivateSGD(model, plain, budget, settings, task.rows_per_example, batch_size, noise)
-    extra = regularizer_grads(params, anchor or {}, regularizers or {}, objective_terms)
+    extra = regularizer_grads(params, anchor or {}, parts.regularizers, objective_terms)
     loss_sum, seen, last_lr = 0.0, 0, math.nan
     fork = torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
     try:
@@ -364,7 +364,7 @@ def train_private(model: torch.nn.Module, examples: Sequence, collate: Callable[
                     try:
                         losses = dp.backward_items(task.example_losses, items, collate, device)
                     except ConfigError:  # a model Opacus's batched rules cannot take: `auto` goes on one by one
-                        if settings.clipping != "auto" or dp.mode == "loop":
+                        if not settings.falls_back or isinstance(dp, LoopSGD):
                             raise
                         dp.close()
                         plain.zero_grad(set_to_none=True)

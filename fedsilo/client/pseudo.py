@@ -24,7 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from fedsilo.registry import Registry
 
@@ -59,11 +59,13 @@ def uniform_weights(score: torch.Tensor) -> torch.Tensor:
     return torch.full_like(score, 1.0 / score.numel())
 
 
-def token_weights(topk_logits: torch.Tensor, weighting: str = "energy", temperature: float = 1.0) -> torch.Tensor:
-    """Weights [l] of one pseudo label's tokens from its top-k logits [l, k]."""
+def token_weights(topk_logits: torch.Tensor, weighting: TokenWeighting = energy_weights,
+                  temperature: float = 1.0) -> torch.Tensor:
+    """Weights [l] of one pseudo label's tokens from its top-k logits [l, k] (`weighting`: a
+    TOKEN_WEIGHTINGS entry)."""
     if topk_logits.ndim != 2 or not topk_logits.shape[0]:
         raise ValueError(f"expected the top-k logits of a non-empty sequence [l, k], got {tuple(topk_logits.shape)}")
-    return TOKEN_WEIGHTINGS.get(weighting)(neg_energy(topk_logits, temperature))
+    return weighting(neg_energy(topk_logits, temperature))
 
 
 @runtime_checkable
@@ -84,11 +86,19 @@ class PseudoSettings(BaseModel):
     weighting: str = Field("energy", description="token weighting: energy (the paper), energy_softplus, uniform")
     top_k: int = Field(7, gt=0, description="logits the energy is taken over (the paper: 7)")
     temperature: float = Field(1.0, gt=0, allow_inf_nan=False, description="T of the energy (the paper: 1)")
+    _weigh: TokenWeighting | None = PrivateAttr(default=None)
 
     @field_validator("weighting")
     @classmethod
     def _known(cls, v: str) -> str:
         return TOKEN_WEIGHTINGS.check(v)
+
+    def model_post_init(self, context: Any) -> None:
+        self._weigh = TOKEN_WEIGHTINGS.get(self.weighting)  # looked up once, as the options are validated
+
+    @property
+    def weigh(self) -> TokenWeighting:
+        return self._weigh
 
 
 @round_hook("pseudo_labels", PseudoSettings, needs=PseudoLabeling)
@@ -98,5 +108,5 @@ def pseudo_labels(ctx: HookContext) -> list:
     input; each example then trains on its own label and on the pseudo label, token-weighted."""
     opts = ctx.options or PseudoSettings()
     labelled = ctx.task.pseudo_label(ctx.labeler(), ctx.examples, opts.top_k)
-    return [ctx.task.with_pseudo(example, ids, token_weights(top, opts.weighting, opts.temperature).tolist())
+    return [ctx.task.with_pseudo(example, ids, token_weights(top, opts.weigh, opts.temperature).tolist())
             for example, (ids, top) in zip(ctx.examples, labelled)]

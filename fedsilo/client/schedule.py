@@ -66,16 +66,17 @@ def span_of(span: Span, steps_done: int, rounds: int, per_round: int) -> tuple[i
 
 
 class StepSchedule:
-    """`name`'s scheduler over `total` optimiser steps, set for step `start`; `step()` after each
+    """`factory`'s scheduler over `total` optimiser steps, set for step `start`; `step()` after each
     optimiser step. A step past the last planned one keeps that step's rate (neither a cosine rising
     again nor steps at rate 0)."""
 
-    def __init__(self, name: str, optimizer: torch.optim.Optimizer, warmup: float, start: int, total: int) -> None:
+    def __init__(self, factory: ScheduleFactory, optimizer: torch.optim.Optimizer, warmup: float, start: int,
+                 total: int) -> None:
         self.last = max(total, 1) - 1
         for group in optimizer.param_groups:
             group["initial_lr"] = group["lr"]  # each group's own rate, as configured, is its base
         warmup_steps = math.ceil(total * warmup)  # as the Trainer's `warmup_ratio`
-        self.scheduler = LR_SCHEDULES.get(name)(optimizer, warmup_steps, total, min(start, self.last) - 1)
+        self.scheduler = factory(optimizer, warmup_steps, total, min(start, self.last) - 1)
         if self.scheduler is None:  # constant: leave the optimiser exactly as it was
             for group in optimizer.param_groups:
                 del group["initial_lr"]

@@ -11,9 +11,9 @@ from fedsilo.settings import FiniteFloat, SectionError, Strict, choice
 
 from .batching import BATCH_ORDERS
 from .hooks import AFTER_TRAINING, PSEUDO_SOURCES, ROUND_HOOKS
-from .objective import CLIENT_OBJECTIVES, REGULARIZERS
+from .objective import CLIENT_OBJECTIVES, REGULARIZERS, TASK_LOSS
 from .optim import CLIENT_OPTIMIZERS
-from .schedule import LR_SCHEDULES, Span
+from .schedule import LR_SCHEDULES, Span, constant
 
 
 class PersonalConfig(Strict):
@@ -43,6 +43,16 @@ class DPSettings(Strict):
         "secret", description="secret: sampling and noise from os.urandom (what the guarantee assumes); seeded: "
                               "from the run seed, to reproduce numbers exactly. Anyone who knows the seed can "
                               "remove the noise")
+
+    @property
+    def falls_back(self) -> bool:
+        """`clipping = "auto"`: batched per-example gradients, one example at a time where Opacus cannot."""
+        return self.clipping == "auto"
+
+    @property
+    def seeded(self) -> bool:
+        """Whether whoever knows the run seed can remove the noise (a silo policy's require_dp refuses it)."""
+        return self.noise == "seeded"
 
     @model_validator(mode="after")
     def _one_of(self) -> "DPSettings":
@@ -128,7 +138,7 @@ class ClientConfig(Strict):
 
     @model_validator(mode="after")
     def _warmup_needs_schedule(self) -> "ClientConfig":
-        if self.warmup and self.lr_schedule == "constant":  # it would silently change nothing
+        if self.warmup and LR_SCHEDULES.get(self.lr_schedule) is constant:  # it would silently change nothing
             raise ValueError("warmup: set, but lr_schedule = \"constant\" has no warm-up "
                              "(choose lr_schedule = \"linear\" or \"cosine\")")
         return self
@@ -179,7 +189,7 @@ class ClientConfig(Strict):
         if self.before_training:
             raise ValueError(f"dp: the round hook {self.before_training!r} trains on examples it makes from the "
                              "silo's data (pseudo labels), which DP-SGD's accountant does not cover; remove one")
-        if self.objective != "task":
+        if CLIENT_OBJECTIVES.get(self.objective) is not TASK_LOSS:
             raise ValueError(f"dp: objective {self.objective!r} weighs examples by a gradient on other examples, "
                              "which per-example clipping does not bound; use objective = \"task\"")
         if self.after_pass() is not None:

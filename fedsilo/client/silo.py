@@ -7,37 +7,28 @@ previous round, personal models), its optimiser state when that persists, and sm
 """
 from __future__ import annotations
 
-import dataclasses
-import math
-import os
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from fedsilo.core.exchange import ExchangePlan, SelectionContext
-from fedsilo.core.masking import weighted_vector
-from fedsilo.privacy.silo_dp import silo_noise
+from fedsilo.core.lora import limit_rank
 from fedsilo.core.messages import ClientUpdate
 from fedsilo.core.tensors import Tensors
-from fedsilo.core.transforms import (SILO_CHECKS, RoundInstructions, SiloRefused, TransformContext, encode,
-                                     refusal)
-from fedsilo.core.lora import limit_rank
+from fedsilo.core.transforms import RoundInstructions, SiloRefused, TransformContext, encode, refusal
 from fedsilo.errors import StoreError
 from fedsilo.models.lora import RECEIVED_ONLY
 from fedsilo.models.precision import autocast
 from fedsilo.tasks.tokens import PreTokenized, row_length, tokenized
 
-from .hooks import AFTER_TRAINING, PSEUDO_SOURCES, ROUND_HOOKS, AfterContext, HookContext
-from .objective import CLIENT_OBJECTIVES
-from .policy import Asked, SiloPolicy, breach
-from .private import Budget, check_budget, plan_budget, steps_per_round, train_private
+from .hooks import AfterContext, HookContext
+from .policy import Asked, breach
+from .recipe import ClientRecipe
 from .schedule import round_steps, span_of
-from .settings import ClientConfig
 from .store import ClientState, ClientStore, optimizer_from_slot, optimizer_to_slot
-from .train import train_local
+from .trainers import RoundWork
 
 
 def client_seed(seed: int, round_idx: int, silo_idx: int) -> int:
@@ -69,34 +60,23 @@ def load_tensors(model: torch.nn.Module, *tensor_sets: Tensors) -> None:
 
 
 class SiloClient:
-    def __init__(self, name: str, index: int, examples: Sequence, task: Any, cfg: ClientConfig,
-                 model: torch.nn.Module, plan: ExchangePlan, store: ClientStore, initial: Tensors,
-                 persist_optimizer: bool = False, token_cache: Path | None = None, precision: str = "fp32",
-                 rounds: int = 1, secure: tuple | None = None, silo_clip: tuple[float, float] | None = None,
-                 seeded_noise: bool = False, lora_rank: int | None = None) -> None:
-        self.name, self.index = name, index
-        self.lora_rank = lora_rank  # heterogeneous LoRA ranks: this silo's adapters are held at this rank
-        self.silo_clip, self.seeded_noise = silo_clip, seeded_noise  # silo-level DP: (C, the noise std it adds)
-        self.policy: tuple[SiloPolicy, str] | None = None  # the silo's own policy file (fedsilo.client.policy)
-        self.secure = secure  # secure aggregation: (masking.Layout, WeightingPolicy, the statistic it reads)
-        self.rounds = rounds  # the run's federation.rounds: the length of a `run`-span lr schedule
-        self.examples, self.task, self.cfg = examples, task, cfg
-        self.model, self.plan, self.store = model, plan, store
-        self.shared_names, self.private_names = plan.split(federated_parameters(model))
+    """One silo: its data, the working model it borrows, its store, and its recipe (the resolved parts of
+    its round). `policy`: the silo's own policy file (fedsilo.client.policy), set by its operator."""
+
+    def __init__(self, name: str, task: Any, examples: Sequence, model: torch.nn.Module, store: ClientStore,
+                 recipe: ClientRecipe) -> None:
+        self.name, self.task, self.examples, self.model, self.store = name, task, examples, model, store
+        self.recipe, self.policy = recipe, None
+        self.index, self.cfg, self.plan, self.rounds = recipe.index, recipe.settings, recipe.plan, recipe.rounds
+        self.precision = recipe.precision
+        self.shared_names, self.private_names = self.plan.split(federated_parameters(model))
         self.received_only = set(received_only(model))
-        self.initial = initial  # the initial private tensors (one copy shared by all clients)
-        self.persist_optimizer = persist_optimizer
-        self.precision = precision
-        self.loss_fn = CLIENT_OBJECTIVES.get(cfg.objective)(task, cfg)
-        self.checks = SILO_CHECKS.resolve_chain(cfg.upload_checks, "upload_checks")
-        self.hook = ROUND_HOOKS.resolve(cfg.before_training, cfg.hook_options, "hook_options") \
-            if cfg.before_training else None
-        self.pseudo_source = PSEUDO_SOURCES.resolve(cfg.pseudo_source)
-        after = cfg.after_pass()
-        self.after = AFTER_TRAINING.resolve(*after, where="after_training_options") if after else None
+        self.initial = initial_private(model, self.plan)  # its private tensors' start
+        self.loss_fn = recipe.objective(task, self.cfg)
+        self.mask = recipe.mask(model, self.shared_names) if recipe.mask is not None else None
         # Tokenised once here (read from the cache when an earlier run wrote it); batches are padded
         # from these tensors. A task without `tokenize`/`pad` is collated from its examples each batch.
-        self.rows = tokenized(task, examples, token_cache) if isinstance(task, PreTokenized) else None
+        self.rows = tokenized(task, examples, recipe.token_cache) if isinstance(task, PreTokenized) else None
 
     def batches_from(self, examples: Sequence) -> tuple[Sequence, Callable, list[int] | None]:
         """(items, collate, token lengths) the training loop batches: the silo's cached rows, rows of
@@ -107,16 +87,15 @@ class SiloClient:
         return rows, self.task.pad, [row_length(r) for r in rows]
 
     def planned_steps(self) -> int:
-        cfg = self.cfg
+        cfg, after = self.cfg, self.recipe.after
         own = round_steps(len(self.examples), cfg.batch_size, cfg.grad_accum, cfg.epochs, cfg.steps)
-        after = self.after.value.steps(len(self.examples), cfg, self.after.options) if self.after else 0
-        return own + after
+        return own + (after.value.steps(len(self.examples), cfg, after.options) if after else 0)
 
     def _state(self) -> ClientState:
         """The stored state, whose tensors must fit this model (a store of another model never loads)."""
         state = self.store.get(self.name) or ClientState()
         params = federated_parameters(self.model)
-        for slot in ("own", *([self.after.value.slot] if self.after else [])):
+        for slot in ("own", *([self.recipe.after.value.slot] if self.recipe.after else [])):
             for name, t in state.slot(slot).items():
                 if name not in params or tuple(t.shape) != tuple(params[name].shape):
                     where = state.source or f"{self.name}'s stored state"
@@ -136,160 +115,132 @@ class SiloClient:
 
     def _limit_rank(self) -> None:
         """A silo of a lower LoRA rank zeroes its adapters' rows and columns above it (fedsilo.core.lora)."""
-        if self.lora_rank is not None:  # frozen A too (FFA): its zero rows keep B's columns without gradient
+        if self.recipe.lora_rank is not None:  # frozen A too (FFA): its zero rows keep B's columns without gradient
             adapters = {k: p.detach() for k, p in self.model.named_parameters() if ".lora_" in k}
-            load_tensors(self.model, limit_rank(adapters, self.lora_rank))
+            load_tensors(self.model, limit_rank(adapters, self.recipe.lora_rank))
 
     def load_for_eval(self, global_tensors: Tensors) -> None:
         """The model this silo would train from next: what it would receive and take, over its own;
         with an after-training pass (Ditto's personal model), what it keeps once it has kept some."""
-        state = self._state()
-        if self.after and state.slot(self.after.value.slot):
-            load_tensors(self.model, state.slot(self.after.value.slot))
+        state, after = self._state(), self.recipe.after
+        if after and state.slot(after.value.slot):
+            load_tensors(self.model, state.slot(after.value.slot))
             return
         names = self.plan.choose_download(self.store.round + 1, self.shared_names, state.meta.get("uploaded"))
         self.start_point({k: global_tensors[k] for k in names}, state)
 
     def fit(self, round_idx: int, received: Tensors, seed: int, on_step: Callable[[], None] | None = None
             ) -> ClientUpdate:
-        start = time.perf_counter()
-        reason = refusal(self.checks, RoundInstructions(round_idx, self.name, self.plan.upload_transforms))
-        if reason:  # before anything is trained or sent
-            raise SiloRefused(reason)
+        """One round as a fixed pipeline (fedsilo.client.recipe): check, receive, before-training hook,
+        train, select the upload, after-training pass, release, encode, mask. The silo's own checks run
+        before anything is trained; nothing leaves before the release."""
+        start, trainer = time.perf_counter(), self.recipe.trainer
         state = self._state()
-        budget = self._budget(state)
+        work = RoundWork(round_idx, seed, client_seed(seed, round_idx, self.index), received, state,
+                         trainer.budget(self, state), on_step)
+        self._check(work)
+        work.received = self._receive(received, state)
+        examples, phases = self._before_training(work, start)
+        result, opt = self._train(work, examples)
+        phases["training"] = time.perf_counter() - start - sum(phases.values())
+        self._limit_rank()  # a regulariser (FedProx) may have pulled the zero rows towards the global ones
+        with torch.no_grad():
+            now, upload, slots, meta = self._select(work, result.steps, opt)
+            del opt  # its moments (two model copies) are freed before the upload's copy is made
+            values = {k: now[k].clone() for k in upload}
+        personal_terms = self._after_training(work, examples, slots, phases)
+        with torch.no_grad():
+            if self.recipe.release is not None:  # silo-level DP: clipped (distributed: noised) before it leaves
+                values = self.recipe.release(values, work.received, work.run_seed)
+            values, transformed = self._encode(work, values, slots)
+        self.store.put(self.name, ClientState(slots, meta))
+        update = trainer.update(self, result, values, work, seconds=time.perf_counter() - start,
+                                personal_terms=personal_terms, phase_seconds=phases,
+                                lr_last=result.lr if trainer.parts.varies_lr else None,
+                                transforms=transformed)
+        return self.mask(update, work.received) if self.mask is not None else update
+
+    def _check(self, work: RoundWork) -> None:
+        """The silo's own checks, its policy and its trainer's budget: SiloRefused before anything else."""
+        reason = refusal(self.recipe.checks, RoundInstructions(work.round, self.name, self.plan.upload_transforms))
+        if reason:
+            raise SiloRefused(reason)
         if self.policy is not None:
-            rule = breach(self.policy[0], self._asked(round_idx, budget))
+            rule = breach(self.policy[0], self._asked(work))
             if rule:
                 raise SiloRefused(f"policy {self.policy[1]}: {rule}")
-        if budget is not None:  # refused before anything is trained when the round would pass the target ε
-            check_budget(budget, self._private_steps(), self.name, round_idx)
+        if work.budget is not None:
+            self.recipe.trainer.refuse(self, work)
+
+    def _receive(self, received: Tensors, state: ClientState) -> Tensors:
+        """The round's tensors on the model's device, decoded; the working model at its start point."""
         device = next(self.model.parameters()).device
         received = {k: v.to(device) for k, v in received.items()}  # no copy when already there
         received = self.plan.decode_download(received, federated_parameters(self.model))
         self.start_point(received, state)
-        run_seed = client_seed(seed, round_idx, self.index)
-        examples = self.examples
-        phases = {}  # seconds per phase of the round (the FewFedWeight paper's Table 4: generating vs training)
-        if self.hook is not None:
-            ctx = HookContext(self.name, round_idx, run_seed, self.model, self.examples, received,
-                              state.slot("own"), self.pseudo_source, self.task, self.hook.options)
-            with autocast(self.precision, device):
-                examples = self.hook.value.run(ctx)
-            self.start_point(received, state)  # the hook may have loaded another model to label with
-            phases["before_training"] = time.perf_counter() - start
+        return received
+
+    def _before_training(self, work: RoundWork, start: float) -> tuple[Sequence, dict]:
+        """The examples to train on (a round hook's, e.g. pseudo labels) and the seconds it took."""
+        hook = self.recipe.hook
+        if hook is None:
+            return self.examples, {}
+        ctx = HookContext(self.name, work.round, work.run_seed, self.model, self.examples, work.received,
+                          work.state.slot("own"), self.recipe.pseudo_source, self.task, hook.options)
+        with autocast(self.precision, next(self.model.parameters()).device):
+            examples = hook.value.run(ctx)
+        self.start_point(work.received, work.state)  # the hook may have loaded another model to label with
+        return examples, {"before_training": time.perf_counter() - start}
+
+    def _train(self, work: RoundWork, examples: Sequence):
+        cfg, state = self.cfg, work.state
         restore = None
-        if self.persist_optimizer and state.slot("optimizer"):
+        if self.recipe.persist_optimizer and state.slot("optimizer"):
             restore = lambda opt: optimizer_from_slot(opt, state.slot("optimizer"), state.meta["optimizer_scalars"])  # noqa: E731
         items, collate, lengths = self.batches_from(examples)
         steps_done = int(state.meta.get("steps_done", 0))
-        schedule_start, schedule_total = span_of(self.cfg.schedule_span, steps_done, self.rounds, round_steps(
-            len(items), self.cfg.batch_size, self.cfg.grad_accum, self.cfg.epochs, self.cfg.steps))
-        if budget is not None:
-            result, opt = train_private(
-                self.model, items, collate, self.task, budget, self.cfg.dp, steps=self._private_steps(),
-                lr=self.cfg.lr, lr_overrides=self._private_lrs(), batch_size=self.cfg.batch_size,
-                optimizer=self.cfg.optimizer, weight_decay=self.cfg.weight_decay, regularizers=self.cfg.regularizers,
-                anchor={k: received[k] for k in received if k in self.shared_names}, seed=run_seed,
-                max_grad_norm=self.cfg.max_grad_norm or None, optimizer_state=restore, on_step=on_step,
-                lr_schedule=self.cfg.lr_schedule, warmup=self.cfg.warmup, schedule_start=schedule_start,
-                schedule_total=schedule_total)
-        else:
-            result, opt = self._train(items, collate, lengths, received, run_seed, steps_done, restore, on_step,
-                                      schedule_start, schedule_total)
-        phases["training"] = time.perf_counter() - start - sum(phases.values())
-        self._limit_rank()  # a regulariser (FedProx) may have pulled the zero rows towards the global ones
+        span = (*span_of(cfg.schedule_span, steps_done, self.rounds, round_steps(
+            len(items), cfg.batch_size, cfg.grad_accum, cfg.epochs, cfg.steps)), steps_done)
+        return self.recipe.trainer.train(self, work, items, collate, lengths, restore, span)
+
+    def _select(self, work: RoundWork, steps: int, opt) -> tuple[Tensors, list[str], dict, dict]:
+        """The shared tensors now, the selector's choice of them to upload, and what the store keeps."""
         params = federated_parameters(self.model)
-        with torch.no_grad():
-            now = {k: params[k].detach() for k in self.shared_names}
-            own = state.slot("own")  # all tensors when the plan keeps everything, else the private ones
-            previous = self._reference(own, received)
-            ctx = SelectionContext(round_idx, self.name, self.shared_names, now, previous, seed,
-                                   self.plan.upload_options)
-            upload = [k for k in self.plan.choose_upload(ctx) if k not in self.received_only]
-            slots, meta = self._kept(state, params, upload, result.steps, opt)
-            if budget is not None:
-                meta["dp"] = budget.to_meta()
-            del opt  # its moments (two model copies) are freed before the upload's copy is made
-            values = {k: now[k].clone() for k in upload}
-            if self.silo_clip is not None:  # silo-level DP: clipped (and, distributed, noised) before it leaves
-                values = self._silo_dp(values, received, run_seed)
-            kept = [dict(state.slot(f"transform{i}")) for i in range(len(self.plan.upload_transforms))]
-            # last, so a codec compresses what DP already released (post-processing)
-            values, transformed = encode(self.plan.upload_transforms, values,
-                                         TransformContext(round_idx, self.name, received, seed), kept)
-            slots.update({f"transform{i}": t for i, t in enumerate(kept) if t})  # e.g. error feedback's residual
-        personal_terms = {}
-        if self.after:
-            began, slot = time.perf_counter(), self.after.value.slot
-            slots[slot], personal_terms = self.after.value(
-                AfterContext(self, received, state.slot(slot), examples, run_seed, on_step), self.after.options)
-            phases[slot] = time.perf_counter() - began
-        self.store.put(self.name, ClientState(slots, meta))
-        lr_last = result.lr if self.cfg.lr_schedule != "constant" else None
-        if budget is not None:  # what leaves: the noisy model and the accountant's ε; no loss computed on records
-            update = ClientUpdate(values, len(self.examples), result.steps, seconds=time.perf_counter() - start,
-                                  phase_seconds=phases, lr_last=lr_last, transforms=transformed,
-                                  privacy=budget.record())
-        else:  # n: the silo's own data (FedAvg's n_k, what it registered), not counting pseudo-labelled extras
-            update = ClientUpdate(values, len(self.examples), result.steps, result.losses,
-                                  time.perf_counter() - start, delta_loss=result.delta_loss,
-                                  mean_loss=result.mean_loss, terms=result.terms, personal_terms=personal_terms,
-                                  phase_seconds=phases, lr_last=lr_last, transforms=transformed)
-        return self._masked(update, received) if self.secure is not None else update
+        now = {k: params[k].detach() for k in self.shared_names}
+        own = work.state.slot("own")  # all tensors when the plan keeps everything, else the private ones
+        ctx = SelectionContext(work.round, self.name, self.shared_names, now, self._reference(own, work.received),
+                               work.seed, self.plan.upload_options)
+        upload = [k for k in self.plan.choose_upload(ctx) if k not in self.received_only]
+        slots, meta = self._kept(work.state, params, upload, steps, opt)
+        self.recipe.trainer.keep(meta, work)
+        return now, upload, slots, meta
 
-    def _silo_dp(self, values: Tensors, received: Tensors, run_seed: int) -> Tensors:
-        clip, std = self.silo_clip
-        g = torch.Generator()
-        g.manual_seed(run_seed if self.seeded_noise else int.from_bytes(os.urandom(8), "little"))
-        noisy = silo_noise({k: v - received[k] for k, v in values.items()}, clip, std, g)
-        return {k: received[k] + d for k, d in noisy.items()}
+    def _after_training(self, work: RoundWork, examples: Sequence, slots: dict, phases: dict) -> dict:
+        """Ditto's personal model (or a user's pass): trained once the upload is taken, kept in its slot."""
+        after = self.recipe.after
+        if after is None:
+            return {}
+        began, slot = time.perf_counter(), after.value.slot
+        slots[slot], terms = after.value(AfterContext(self, work.received, work.state.slot(slot), examples,
+                                                      work.run_seed, work.on_step), after.options)
+        phases[slot] = time.perf_counter() - began
+        return terms
 
-    def _masked(self, update: ClientUpdate, received: Tensors) -> ClientUpdate:
-        """Secure aggregation: the weighted update as one vector for the mask (fedsilo.core.masking); its
-        weight and every loss statistic stay inside it."""
-        layout, policy, stat = self.secure
-        value = update.statistic(stat) if stat else math.nan
-        delta = {k: update.tensors[k].double() - received[k].double() for k in layout.names if k in update.tensors}
-        vector = weighted_vector(delta, update.n_examples, value, policy, layout)
-        # what the transforms did stays inside too: a clip's record holds the update's norm
-        return dataclasses.replace(update, tensors={}, losses=[], delta_loss=math.nan, mean_loss=math.nan, terms={},
-                                   personal_terms={}, transforms=[{"name": t["name"]} for t in update.transforms],
-                                   secure_input=vector)
+    def _encode(self, work: RoundWork, values: Tensors, slots: dict) -> tuple[Tensors, list[dict]]:
+        """The plan's upload chain (codecs last): what it did, and what each keeps on the silo."""
+        chain = self.plan.upload_transforms
+        kept = [dict(work.state.slot(f"transform{i}")) for i in range(len(chain))]
+        values, transformed = encode(chain, values, TransformContext(work.round, self.name, work.received, work.seed),
+                                     kept)
+        slots.update({f"transform{i}": t for i, t in enumerate(kept) if t})  # e.g. error feedback's residual
+        return values, transformed
 
-    def _train(self, items, collate, lengths, received: Tensors, run_seed: int, steps_done: int, restore, on_step,
-               schedule_start: int, schedule_total: int):
-        return train_local(
-            self.model, items, collate, self.loss_fn, lengths=lengths, batch_order=self.cfg.batching,
-            length_window=self.cfg.length_window, precision=self.precision,
-            epochs=self.cfg.epochs, lr=self.cfg.lr, lr_overrides=self._private_lrs(), batch_size=self.cfg.batch_size,
-            grad_accum=self.cfg.grad_accum,
-            optimizer=self.cfg.optimizer, weight_decay=self.cfg.weight_decay, logging_steps=self.cfg.logging_steps,
-            regularizers=self.cfg.regularizers, anchor={k: received[k] for k in received if k in self.shared_names},
-            tracked_terms=self.cfg.tracked_terms, seed=run_seed, step_offset=steps_done,
-            max_grad_norm=self.cfg.max_grad_norm or None, optimizer_state=restore, on_step=on_step,
-            max_steps=self.cfg.steps, lr_schedule=self.cfg.lr_schedule, warmup=self.cfg.warmup,
-            schedule_start=schedule_start, schedule_total=schedule_total,
-        )
-
-    def _budget(self, state: ClientState) -> Budget | None:
-        """This silo's DP accountant as its store keeps it; planned (σ fixed) at its first DP round."""
-        if self.cfg.dp is None:
-            return None
-        if "dp" in state.meta:
-            return Budget.from_meta(state.meta["dp"])
-        return plan_budget(self.cfg.dp, len(self.examples), self.cfg.batch_size, self._private_steps(), self.rounds)
-
-    def _asked(self, round_idx: int, budget: Budget | None) -> Asked:
+    def _asked(self, work: RoundWork) -> Asked:
         """This round's demands as the silo's policy reads them: every shared tensor may be sent; its DP ε
         projected to the last round from its own accountant."""
-        left = max(0, self.rounds - round_idx + 1) * self._private_steps()
-        return Asked(round_idx, self.rounds, tuple(self.shared_names),
-                     budget.epsilon(left) if budget is not None else None,
-                     self.cfg.dp is not None and self.cfg.dp.noise == "seeded", self.secure is not None)
-
-    def _private_steps(self) -> int:
-        return steps_per_round(len(self.examples), self.cfg.batch_size, self.cfg.epochs, self.cfg.steps)
+        epsilon = self.recipe.trainer.projected_epsilon(self, work) if work.budget is not None else None
+        return Asked(work.round, self.rounds, tuple(self.shared_names), epsilon,
+                     self.cfg.dp is not None and self.cfg.dp.seeded, self.mask is not None)
 
     def _reference(self, own: Tensors, received: Tensors) -> Tensors | None:
         """What an upload selector compares this round's tensors with: the client's own at the end of its
@@ -300,7 +251,7 @@ class SiloClient:
             return {k: own[k] for k in self.shared_names}
         return {k: received[k] for k in self.shared_names} if all(k in received for k in self.shared_names) else None
 
-    def _private_lrs(self) -> dict[str, float]:
+    def private_lrs(self) -> dict[str, float]:
         rate = self.cfg.private_lr
         return {} if rate is None else dict.fromkeys(self.private_names, rate)
 
@@ -310,6 +261,13 @@ class SiloClient:
         keep = list(params) if self.plan.keeps_everything else self.private_names
         slots = {"own": {k: params[k].detach().clone() for k in keep}} if keep else {}
         meta = {"steps_done": int(state.meta.get("steps_done", 0)) + steps, "uploaded": upload}
-        if self.persist_optimizer:
+        if self.recipe.persist_optimizer:
             slots["optimizer"], meta["optimizer_scalars"] = optimizer_to_slot(opt)
         return slots, meta
+
+
+def initial_private(model: torch.nn.Module, plan: ExchangePlan) -> Tensors:
+    """Initial values of the private tensors: the start of a silo that has kept none yet."""
+    params = federated_parameters(model)
+    _, private = plan.split(params)
+    return {k: params[k].detach().clone() for k in private}

@@ -24,10 +24,25 @@ from fedsilo.core.weighting import delta_loss
 
 from fedsilo.models.precision import autocast, grad_scaler
 
-from .batching import BATCH_ORDERS, default_window
-from .objective import objective_terms
-from .optim import make_optimizer
-from .schedule import StepSchedule, round_steps
+from .batching import BatchOrder, default_window, length_grouped, shuffled
+from .objective import Term, objective_terms
+from .optim import OptimizerFactory, adafactor
+from .schedule import ScheduleFactory, StepSchedule, constant, round_steps
+
+
+@dataclass(frozen=True)
+class TrainingParts:
+    """A client's training choices as objects, resolved once by the build (fedsilo.recipe.training_parts):
+    the optimiser, the lr schedule, the batch order and the regularisers."""
+    optimizer: OptimizerFactory = adafactor
+    schedule: ScheduleFactory = constant
+    batch_order: BatchOrder = length_grouped
+    regularizers: tuple[Term, ...] = ()
+
+    @property
+    def varies_lr(self) -> bool:
+        """Whether the rate changes from step to step (a round then reports its last rate)."""
+        return self.schedule is not constant
 
 
 class LossLog:
@@ -94,10 +109,9 @@ def train_local(
     batch_size: int,
     lr_overrides: Mapping[str, float] | None = None,
     grad_accum: int = 1,
-    optimizer: str = "adafactor",
+    parts: TrainingParts = TrainingParts(),
     weight_decay: float = 0.0,
     logging_steps: int = 4,
-    regularizers: Mapping[str, float] | None = None,
     anchor: Tensors | None = None,
     tracked_terms: Sequence[str] | None = None,
     seed: int = 0,
@@ -107,10 +121,8 @@ def train_local(
     on_step: Callable[[], None] | None = None,
     max_steps: int | None = None,
     lengths: Sequence[int] | None = None,
-    batch_order: str = "length_grouped",
     length_window: int | None = None,
     precision: str = "fp32",
-    lr_schedule: str = "constant",
     warmup: float = 0.0,
     schedule_start: int = 0,
     schedule_total: int | None = None,
@@ -122,10 +134,10 @@ def train_local(
     `anchor` (the received global tensors) are added. Training minimises the sum of all terms; the
     logged loss (ΔL, mean loss) is the sum of `tracked_terms` (default: all). Randomness (data order,
     dropout) comes from `seed` alone and leaves torch's global generator as it was.
-    `batch_order` names a policy of `fedsilo.client.batching` over the examples' token `lengths`
+    `parts.batch_order` (fedsilo.client.batching) orders the examples by their token `lengths`
     (without lengths, a plain shuffle). `precision` bf16/fp16 runs the forward pass under autocast
     (fp16 with a gradient scaler); weights and optimiser state stay fp32.
-    `lr_schedule` (a `fedsilo.client.schedule` name, `warmup` a fraction of its steps) scales every
+    `parts.schedule` (fedsilo.client.schedule, `warmup` a fraction of its steps) scales every
     group's rate per optimiser step, from step `schedule_start` of `schedule_total` (default: a
     schedule over this call's own steps).
     """
@@ -133,20 +145,19 @@ def train_local(
     params = dict(model.named_parameters())
     device = next(iter(params.values())).device
     trainable = [p for p in params.values() if p.requires_grad]
-    opt = make_optimizer(optimizer, param_groups(params, lr, lr_overrides or {}), lr, weight_decay)
+    opt = parts.optimizer(param_groups(params, lr, lr_overrides or {}), lr, weight_decay)
     if optimizer_state is not None:
         optimizer_state(opt)
     total = schedule_total or round_steps(len(examples), batch_size, grad_accum, epochs, max_steps)
-    schedule = StepSchedule(lr_schedule, opt, warmup, schedule_start, total)
+    schedule = StepSchedule(parts.schedule, opt, warmup, schedule_start, total)
     last_lr = math.nan
-    regularizers = dict(regularizers or {})
     anchor = anchor or {}
     log = LossLog(logging_steps, step_offset)
     order_rng = torch.Generator().manual_seed(seed)
+    epoch_order = parts.batch_order
     if lengths is None:
-        lengths, batch_order = [0] * len(examples), "shuffle"
+        lengths, epoch_order = [0] * len(examples), shuffled
     window = length_window or default_window(len(examples), batch_size)
-    epoch_order = BATCH_ORDERS.get(batch_order)
     scaler = grad_scaler(precision, device)
     term_sums: dict[str, torch.Tensor] = {}
     batches = 0
@@ -167,7 +178,7 @@ def train_local(
             for i, s in enumerate(starts):
                 batch = to_device(collate([examples[j] for j in order[s:s + batch_size]]), device)
                 with autocast(precision, device):
-                    terms = objective_terms(loss_fn(model, batch), params, anchor, regularizers)
+                    terms = objective_terms(loss_fn(model, batch), params, anchor, parts.regularizers)
                     total = sum(terms.values())
                     tracked = total if tracked_terms is None else sum(
                         (terms[t] for t in tracked_terms if t in terms), torch.zeros((), device=device))

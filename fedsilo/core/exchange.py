@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -44,47 +44,45 @@ class SelectionContext:
 class Selector:
     choose: Callable[[SelectionContext], Iterable[str]]
     needs_previous: bool = False  # the client must keep its end-of-round tensors for this selector
+    sends_all: bool = False       # it always sends every shared tensor (what masks and silo-level DP need)
 
 
 SELECTORS: Registry[Selector] = Registry("upload selector")
-SELECTORS.add("all", Selector(lambda ctx: ctx.names))
+SEND_ALL = SELECTORS.add("all", Selector(lambda ctx: ctx.names, sends_all=True))
 
 
-def register_selector(name: str, needs_previous: bool = False, settings: type | None = None):
+def register_selector(name: str, needs_previous: bool = False, settings: type | None = None, sends_all: bool = False):
     """Decorator: `fn(ctx) -> names` becomes `exchange.upload = name`."""
     def wrap(fn):
-        SELECTORS.add(name, Selector(fn, needs_previous), settings)
+        SELECTORS.add(name, Selector(fn, needs_previous, sends_all), settings)
         return fn
     return wrap
 
 
-# download(round, shared names, names this client uploaded in its last round or None) -> names sent
-DownloadPolicy = Callable[[int, Sequence[str], Sequence[str] | None], Iterable[str]]
+@dataclass(frozen=True)
+class DownloadPolicy:
+    """choose(round, shared names, names this client uploaded in its last round or None) -> names sent."""
+    choose: Callable[[int, Sequence[str], Sequence[str] | None], Iterable[str]]
+    sends_all: bool = False  # every shared tensor, every round: a client need not keep the others
+
+
 DOWNLOADS: Registry[DownloadPolicy] = Registry("download policy")
+DOWNLOAD_ALL = DOWNLOADS.add("all", DownloadPolicy(lambda r, names, uploaded: names, sends_all=True))
+DOWNLOADS.add("uploaded", DownloadPolicy(lambda r, names, uploaded: names if uploaded is None else uploaded))
 
 
-def download_all(round_idx, names, uploaded):
-    """The default: every shared tensor (a client need not keep the others)."""
-    return names
+@dataclass(frozen=True)
+class OverwritePolicy:
+    """choose(received names, names this client uploaded in its last round or None) -> names taken."""
+    choose: Callable[[Sequence[str], Sequence[str] | None], Iterable[str]]
+    takes_all: bool = False  # everything received replaces the client's own
 
 
-DOWNLOADS.add("all", download_all)
-DOWNLOADS.add("uploaded", lambda r, names, uploaded: names if uploaded is None else uploaded)
-
-# overwrite(received names, names this client uploaded in its last round or None) -> names taken
-OverwritePolicy = Callable[[Sequence[str], Sequence[str] | None], Iterable[str]]
 OVERWRITES: Registry[OverwritePolicy] = Registry("overwrite policy")
-
-
-def overwrite_received(received, uploaded):
-    """The default: take everything received."""
-    return received
-
-
-OVERWRITES.add("received", overwrite_received)
-OVERWRITES.add("uploaded", lambda received, uploaded: received if uploaded is None
-               else [n for n in received if n in set(uploaded)])
-OVERWRITES.add("none", lambda received, uploaded: [] if uploaded is not None else received)
+TAKE_RECEIVED = OVERWRITES.add("received", OverwritePolicy(lambda received, uploaded: received, takes_all=True))
+OVERWRITES.add("uploaded", OverwritePolicy(lambda received, uploaded: received if uploaded is None
+                                           else [n for n in received if n in set(uploaded)]))
+OVERWRITES.add("none", OverwritePolicy(lambda received, uploaded: [] if uploaded is not None else received))
 
 
 def matches(name: str, patterns: Sequence[str]) -> bool:
@@ -97,9 +95,9 @@ class ExchangePlan:
     server and every client)."""
     shared: tuple[str, ...] = ("*",)
     private: tuple[str, ...] = ()
-    upload: Policy[Selector] = field(default_factory=lambda: SELECTORS.resolve("all"))
-    download: Policy[DownloadPolicy] = field(default_factory=lambda: DOWNLOADS.resolve("all"))
-    overwrite: Policy[OverwritePolicy] = field(default_factory=lambda: OVERWRITES.resolve("received"))
+    upload: Policy[Selector] = Policy("all", SEND_ALL)
+    download: Policy[DownloadPolicy] = Policy("all", DOWNLOAD_ALL)
+    overwrite: Policy[OverwritePolicy] = Policy("received", TAKE_RECEIVED)
     upload_transforms: tuple[Policy[UploadTransform], ...] = ()  # what the upload goes through before it leaves
     download_transforms: tuple[Policy[Codec], ...] = ()  # how the server's values are coded on the way down
 
@@ -131,8 +129,8 @@ class ExchangePlan:
     @property
     def keeps_everything(self) -> bool:
         """Whether a client must keep all its tensors between rounds (not only the private ones)."""
-        return (self.download.value is not download_all or self.overwrite.value is not overwrite_received
-                or self.upload.value.needs_previous)
+        return not self.download.value.sends_all or not self.overwrite.value.takes_all or \
+            self.upload.value.needs_previous
 
     def choose_upload(self, ctx: SelectionContext) -> list[str]:
         """Names of the shared tensors this client sends this round, in model order."""
@@ -143,9 +141,9 @@ class ExchangePlan:
         return [n for n in ctx.names if n in chosen]
 
     def choose_download(self, round_idx: int, names: Sequence[str], uploaded: Sequence[str] | None) -> list[str]:
-        chosen = set(self.download.value(round_idx, names, uploaded))
+        chosen = set(self.download.value.choose(round_idx, names, uploaded))
         return [n for n in names if n in chosen]
 
     def choose_overwrite(self, received: Sequence[str], uploaded: Sequence[str] | None) -> list[str]:
-        chosen = set(self.overwrite.value(received, uploaded))
+        chosen = set(self.overwrite.value.choose(received, uploaded))
         return [n for n in received if n in chosen]

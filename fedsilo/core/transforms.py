@@ -52,6 +52,8 @@ class UploadTransform:
     encode: Callable[[Tensors, TransformContext, BaseModel | None], tuple[Tensors, dict]]
     decode: Callable[[Tensors, Tensors, BaseModel | None], Tensors] | None = None
     needs_reference: bool = True  # reads Δ = values − what the client received
+    bound: Callable[[BaseModel | None], float] | None = None  # the L2 bound it clips the update to (a silo's
+                                                             # require_clip check reads it)
 
 
 UPLOAD_TRANSFORMS: Registry[UploadTransform] = Registry("upload transform")
@@ -79,7 +81,7 @@ def _clip(values: Tensors, ctx: TransformContext, options: ClipSettings) -> tupl
     return out, {"norm": norm, "clipped": True}
 
 
-UPLOAD_TRANSFORMS.add("clip", UploadTransform(_clip), ClipSettings)
+UPLOAD_TRANSFORMS.add("clip", UploadTransform(_clip, bound=lambda options: options.max_norm), ClipSettings)
 
 
 def encode(chain: Sequence[Policy[UploadTransform]], values: Tensors, ctx: TransformContext,
@@ -131,7 +133,7 @@ class RequireClipSettings(BaseModel):
 
 def _require_clip(ins: RoundInstructions, options: RequireClipSettings) -> str | None:
     """The silo sends only updates clipped on its side at most to `max_norm`."""
-    bounds = [p.options.max_norm for p in ins.upload_transforms if p.name == "clip"]
+    bounds = [p.value.bound(p.options) for p in ins.upload_transforms if p.value.bound is not None]
     if not bounds:
         return f"the silo requires its update clipped before it leaves (at most {options.max_norm:g}); " \
                "the round's upload transforms do not clip"

@@ -19,11 +19,16 @@ class WeightingPolicy:
     score: Callable[[float, float], float]  # (n_examples, value of the statistic it reads) -> score
     reads: str | None = None                # the client statistic it reads by default
     can_degenerate: bool = True             # scores may all be 0 / NaN: keep a size-weighted fallback sum
+    # Abilities that privacy stages read (fedsilo.privacy.silo_dp):
+    public_weight: Callable[[int], float] | None = None  # the weight from the size a silo registered before the
+                                                         # first round alone (None: it reads the silo's data)
+    uniform: bool = False                   # every silo weighs the same, whatever its size
 
 
 WEIGHTINGS: Registry[WeightingPolicy] = Registry("weighting policy")
-WEIGHTINGS.add("size", WeightingPolicy(lambda n, _: float(n), None, can_degenerate=False))
-WEIGHTINGS.add("equal", WeightingPolicy(lambda n, _: 1.0, None, can_degenerate=False))
+WEIGHTINGS.add("size", WeightingPolicy(lambda n, _: float(n), None, can_degenerate=False, public_weight=float))
+WEIGHTINGS.add("equal", WeightingPolicy(lambda n, _: 1.0, None, can_degenerate=False, public_weight=lambda n: 1.0,
+                                        uniform=True))
 WEIGHTINGS.add("lorar", WeightingPolicy(lambda n, dl: n * dl, "delta_loss"))
 WEIGHTINGS.add("loss_reduction", WeightingPolicy(lambda n, dl: dl, "delta_loss"))
 WEIGHTINGS.add("loss", WeightingPolicy(lambda n, loss: loss, "mean_loss"))  # FewFedWeight: harder tasks weigh more

@@ -10,17 +10,16 @@ import time
 
 import torch
 
-from fedsilo.client.silo import SiloClient, load_tensors
+from fedsilo.client.silo import SiloClient, initial_private, load_tensors
 from fedsilo.client.store import ClientStore
 from fedsilo.config import RunConfig, SecureAggregationConfig
-from fedsilo.core.exchange import ExchangePlan
 from fedsilo.core.transforms import SiloRefused
 from fedsilo.engines.secure import sum_in_process
 from fedsilo.engines.workers import WorkerPool, resolve_threads, resolve_workers, threads_per_worker
 from fedsilo.models.precision import autocast
 from fedsilo.progress import Progress
 from fedsilo.errors import RunDirError
-from fedsilo.recipe import build_clients, exchange_plan, give_policies, initial_private
+from fedsilo.recipe import Recipe, build_clients, give_policies
 from fedsilo.server import Server
 from fedsilo.tasks.base import CrossDomain
 
@@ -70,12 +69,12 @@ def run_round(server: Server, clients: dict[str, SiloClient], sampled: list[str]
 
 
 class LocalEngine:
-    def __init__(self, cfg: RunConfig, task, model: torch.nn.Module, store: ClientStore,
-                 plan: ExchangePlan | None = None, policies: dict[str, str] | None = None) -> None:
+    def __init__(self, cfg: RunConfig, task, model: torch.nn.Module, store: ClientStore, recipe: Recipe,
+                 policies: dict[str, str] | None = None) -> None:
         self.cfg, self.task, self.model, self.store = cfg, task, model, store
-        self.plan = plan or exchange_plan(cfg)
-        self.initial = initial_private(model, self.plan)
-        self.clients = build_clients(cfg, task, model, store, self.initial, self.plan)
+        self.plan = recipe.plan
+        self.initial = initial_private(model, self.plan)  # the global model's private tensors (the matrix)
+        self.clients = build_clients(cfg, task, model, store, recipe)
         self.policies = dict(policies or {})
         give_policies(self.clients, self.policies)
         self.device = next(model.parameters()).device

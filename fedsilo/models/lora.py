@@ -62,6 +62,11 @@ class LoraSettings(BaseModel):
         return self
 
     @property
+    def head_private(self) -> bool:
+        """Each silo keeps its own head (the exchange plan makes it private)."""
+        return self.head == "private"
+
+    @property
     def scaling(self) -> float:
         return self.alpha / self.rank
 
@@ -136,6 +141,7 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings, seed: int = 0) ->
 def lora_settings(model_cfg) -> LoraSettings | None:
     """The run's LoRA settings, when its model has the surgery."""
     for surgery in model_cfg.surgeries:
-        if surgery.name == "lora":
-            return surgery.settings()
+        settings = surgery.settings()
+        if isinstance(settings, LoraSettings):
+            return settings
     return None

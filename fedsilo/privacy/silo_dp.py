@@ -20,8 +20,10 @@ replacement, which Opacus's Poisson accountant does not model, and no amplificat
 """
 from __future__ import annotations
 
+import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +35,7 @@ from .accountant import Budget
 
 @dataclass
 class SiloDP:
-    mode: str               # central | distributed
+    central: bool           # True: the server adds the noise; False (distributed): each silo adds its share
     clip: float             # C
     noise_multiplier: float  # σ
     budget: Budget          # q = 1, one step per round
@@ -61,7 +63,7 @@ class SiloDP:
             raise ValueError("silo-level DP: no weight to aggregate")
         scale = sum(accepted.values()) / total
         out = {k: t * scale for k, t in mean.items()}
-        if self.mode == "central":
+        if self.central:
             std = self.noise_multiplier * self.clip * max(sampled.values()) / total
             g = torch.Generator()
             g.manual_seed(int.from_bytes(os.urandom(8), "little") if self.seed is None
@@ -74,7 +76,7 @@ class SiloDP:
             effective = self.noise_multiplier * math.sqrt(len(accepted) / len(sampled))
         self.budget.noise_multiplier = effective
         self.budget.spend(1)
-        return out, {"mode": self.mode, "clip": self.clip, "noise_multiplier": effective, **self.budget.record(),
+        return out, {"mode": "central" if self.central else "distributed", "clip": self.clip, "noise_multiplier": effective, **self.budget.record(),
                      "silos": sorted(accepted)}
 
 
@@ -89,3 +91,66 @@ def silo_noise(delta: Tensors, clip: float, std: float, g: torch.Generator | Non
             x = x + torch.normal(0.0, std, t.shape, generator=g, dtype=torch.float64).to(t.device)
         out[k] = x.to(t.dtype)
     return out
+
+
+@dataclass(frozen=True)
+class SiloRelease:
+    """The silo's side (the release position of its round): Δ clipped to C and, in distributed mode, its
+    share of the noise added, before the update leaves."""
+    clip: float
+    std: float      # the noise std this silo adds (0: central mode, the server adds it)
+    seeded: bool    # reproducible from the run seed (and removable by whoever knows it)
+
+    def __call__(self, values: Tensors, received: Tensors, run_seed: int) -> Tensors:
+        g = torch.Generator()
+        g.manual_seed(run_seed if self.seeded else int.from_bytes(os.urandom(8), "little"))
+        noisy = silo_noise({k: v - received[k] for k, v in values.items()}, self.clip, self.std, g)
+        return {k: received[k] + d for k, d in noisy.items()}
+
+
+class SiloDPRound:
+    """Silo-level DP as a wrapper around any round aggregation (as Flower's DP strategies wrap a
+    strategy): the inner stage's aggregate, over the fixed denominator of the sampled silos' public
+    weights, with the central noise; the accountant's record at the round record's end. Whatever else
+    the inner stage offers (a secure sum's `take_sum`) passes through."""
+
+    def __init__(self, inner, dp: SiloDP, public_weight, sampled: list[str], round_idx: int) -> None:
+        self.inner, self.dp, self.public_weight = inner, dp, public_weight  # public_weight(silo) -> w
+        self.sampled, self.round = sampled, round_idx
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def add(self, pending, entry: dict) -> None:
+        self.inner.add(pending, entry)
+
+    def finish(self, records: dict[str, dict]):
+        out = self.inner.finish(records)
+        if out.delta is not None and out.contributors:
+            weights = {c: self.public_weight(c) for c in out.contributors}
+            sampled = {c: self.public_weight(c) for c in (self.sampled or out.contributors)}
+            out.delta, out.tail["silo_dp"] = self.dp.privatise(out.delta, weights, sampled, self.round)
+        return out
+
+
+@dataclass
+class SiloDPStage:
+    """The server's silo-level DP stage (fedsilo.server.RoundStage): wraps each round's aggregation; its
+    accountant is kept in the server's checkpoint."""
+    dp: SiloDP
+    public_weight: Callable[[int], float]  # the weighting's weight from a registered size
+    state_key = "silo_dp"
+
+    def wrap(self, inner, round_idx: int, sampled: list[str], registered: dict[str, int]) -> SiloDPRound:
+        return SiloDPRound(inner, self.dp, lambda c: self.public_weight(registered.get(c, 0)), sampled, round_idx)
+
+    def refuses(self, round_idx: int) -> str | None:
+        return self.dp.refuses(round_idx)
+
+    def state_dict(self) -> str:
+        return json.dumps(self.dp.budget.to_meta())
+
+    def load_state_dict(self, state: str | None) -> None:
+        dp = self.dp
+        dp.budget = Budget.from_meta(json.loads(state)) if state is not None else \
+            Budget(dp.noise_multiplier, 1.0, dp.budget.delta, dp.budget.target_epsilon)

@@ -23,7 +23,7 @@ from fedsilo.client.store import make_store
 from fedsilo.config import load_config
 from fedsilo.core.lora import LORA_AGGREGATIONS, pairs
 from fedsilo.errors import ConfigError
-from fedsilo.models.lora import lora_settings
+from fedsilo.models.lora import LoraSettings, lora_settings
 from fedsilo.recipe import build_model, exchange_plan, store_root
 from fedsilo.rundir.layout import RunDir
 
@@ -31,7 +31,7 @@ _PEFT = (".lora_", ".modules_to_save.")
 
 
 def _without_lora(cfg):
-    kept = [s for s in cfg.model.surgeries if s.name != "lora"]
+    kept = [s for s in cfg.model.surgeries if not isinstance(s.settings(), LoraSettings)]
     surgery = None if not kept else kept if len(kept) > 1 else kept[0]
     return cfg.model_copy(update={"model": cfg.model.model_copy(update={"surgery": surgery})})
 

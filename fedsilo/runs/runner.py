@@ -142,7 +142,7 @@ def _federate(cfg: RunConfig, run: RunDir, engine, server: Server, spec: MetricS
         sampled = sample_clients(engine.client_names, r, cfg.seed, cfg.federation.sample_fraction,
                                  cfg.federation.sample_count)
         sampled = [c for c in sampled if c not in spent]  # a silo that refused for good is not asked again
-        refused = server.silo_dp.refuses(r) if server.silo_dp is not None else None
+        refused = server.refuses(r)
         if refused:  # silo-level DP: the federation's budget does not allow this round
             progress.warn(refused)
             stopped, rounds = refused, r - 1
@@ -232,6 +232,7 @@ def run_local(cfg: RunConfig, run: RunDir, resume: bool = False, progress: Progr
     from fedsilo.engines.local import LocalEngine
 
     progress = progress or Progress(enabled=False)
+    recipe = build_recipe(cfg)  # a combination that cannot hold is refused before anything is built
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
         model, tokenizer = build_model(cfg)  # an unusable device fails here, the run directory untouched
@@ -246,8 +247,7 @@ def run_local(cfg: RunConfig, run: RunDir, resume: bool = False, progress: Progr
     store = make_store(cfg.engine.store, store_root(run.path), run.run_id)
     with warnings.catch_warnings(record=True) as caught:  # e.g. a token cache entry rebuilt
         warnings.simplefilter("always", UserWarning)
-        recipe = build_recipe(cfg)
-        engine = LocalEngine(cfg, task, model, store, recipe.plan, policies)
+        engine = LocalEngine(cfg, task, model, store, recipe, policies)
     for message in _surface(caught):
         progress.warn(message)
     try:
@@ -271,6 +271,7 @@ def run_experiment(cfg: RunConfig, out: str | Path, resume: bool = False, show_p
                    policies: dict[str, str] | None = None) -> dict:
     """Any paradigm into run directory `out`; returns results.json's content."""
     out = Path(out)
+    build_recipe(cfg)  # refused before the run directory is touched
     with RunLock(out), Progress(enabled=show_progress) as progress:
         if cfg.participation.per_silo_runs:
             if policies:

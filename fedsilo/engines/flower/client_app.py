@@ -76,7 +76,7 @@ def _warn_here(message: str) -> None:
 
 def silo_for(message: Message, context: Context) -> Silo:
     """Build (once per process) this silo's task, model and client from the run's config."""
-    from fedsilo.recipe import build_client, build_model, build_task, exchange_plan, initial_private
+    from fedsilo.recipe import build_client, build_model, build_task
 
     conf = message.content["config"]
     text = str(conf["config"])
@@ -96,9 +96,7 @@ def silo_for(message: Message, context: Context) -> Silo:
         check_at_start(own, state, True, _warn_here, silos=[name])  # fingerprints kept on the silo's disk
         task = build_task(own, tokenizer, clients=[name])
         store = DiskStore(state, str(conf["run-key"]))
-        plan = exchange_plan(cfg)
-        client = build_client(cfg, task, model, store, name, cfg.task.client_names().index(name),
-                              task.examples(name, "train"), cfg.client_config(name), initial_private(model, plan), plan)
+        client = build_client(cfg, task, model, store, name, task.examples(name, "train"))
         if policy:
             client.policy = read_policy(str(policy))
         _SILOS[key] = Silo(cfg, name, task, client, store)

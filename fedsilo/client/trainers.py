@@ -1,0 +1,106 @@
+"""The train position of a silo's round: plain training or DP-SGD, one object each.
+
+A trainer says what its round reports (DP-SGD: the accountant, never a loss computed on records), what
+it keeps in the silo's store (its accountant) and what it refuses (a round past its target ε); the
+silo's loop does not ask which one it holds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedsilo.core.messages import ClientUpdate
+
+from .private import Budget, check_budget, plan_budget, steps_per_round, train_private
+from .train import TrainingParts, train_local
+
+
+@dataclass
+class RoundWork:
+    """A round's working values, passed along the pipeline's positions."""
+    round: int
+    seed: int
+    run_seed: int                 # this silo's randomness this round (client_seed)
+    received: dict
+    state: object                 # the silo's stored state (ClientState)
+    budget: Budget | None = None  # DP-SGD's accountant (None: no record-level DP)
+    on_step: object = None
+
+
+@dataclass(frozen=True)
+class PlainTrainer:
+    """Local training (fedsilo.client.train.train_local) under the silo's objective."""
+    parts: TrainingParts = TrainingParts()  # optimiser, schedule, batch order, regularisers, resolved
+
+    def budget(self, client, state) -> Budget | None:
+        return None
+
+    def refuse(self, client, work: RoundWork) -> None:
+        """Raise SiloRefused when the trainer cannot take this round (a spent budget)."""
+
+    def projected_epsilon(self, client, work: RoundWork) -> float | None:
+        """The silo's ε by the run's last round, as its policy reads it (None: no record-level DP)."""
+        return None
+
+    def train(self, client, work: RoundWork, items, collate, lengths, restore, span):
+        cfg, received = client.cfg, work.received
+        return train_local(
+            client.model, items, collate, client.loss_fn, lengths=lengths, parts=self.parts,
+            length_window=cfg.length_window, precision=client.precision,
+            epochs=cfg.epochs, lr=cfg.lr, lr_overrides=client.private_lrs(), batch_size=cfg.batch_size,
+            grad_accum=cfg.grad_accum, weight_decay=cfg.weight_decay, logging_steps=cfg.logging_steps,
+            anchor={k: received[k] for k in received if k in client.shared_names},
+            tracked_terms=cfg.tracked_terms, seed=work.run_seed, step_offset=span[2],
+            max_grad_norm=cfg.max_grad_norm or None, optimizer_state=restore, on_step=work.on_step,
+            max_steps=cfg.steps, warmup=cfg.warmup,
+            schedule_start=span[0], schedule_total=span[1],
+        )
+
+    def update(self, client, result, values, work: RoundWork, **numbers) -> ClientUpdate:
+        """n: the silo's own data (FedAvg's n_k, what it registered), not counting pseudo-labelled extras."""
+        return ClientUpdate(values, len(client.examples), result.steps, result.losses, delta_loss=result.delta_loss,
+                            mean_loss=result.mean_loss, terms=result.terms, **numbers)
+
+    def keep(self, meta: dict, work: RoundWork) -> None:
+        """What the trainer leaves in the silo's store metadata."""
+
+
+@dataclass(frozen=True)
+class DPSGDTrainer(PlainTrainer):
+    """DP-SGD (fedsilo.client.private): Poisson samples, clipped per-example gradients, noise; the silo's
+    own accountant, planned (σ fixed) at its first DP round and kept in its store."""
+
+    def steps(self, client) -> int:
+        cfg = client.cfg
+        return steps_per_round(len(client.examples), cfg.batch_size, cfg.epochs, cfg.steps)
+
+    def budget(self, client, state) -> Budget:
+        if "dp" in state.meta:
+            return Budget.from_meta(state.meta["dp"])
+        cfg = client.cfg
+        return plan_budget(cfg.dp, len(client.examples), cfg.batch_size, self.steps(client), client.rounds)
+
+    def refuse(self, client, work: RoundWork) -> None:
+        """BudgetSpent before anything is trained when the round would pass the target ε."""
+        check_budget(work.budget, self.steps(client), client.name, work.round)
+
+    def projected_epsilon(self, client, work: RoundWork) -> float:
+        left = max(0, client.rounds - work.round + 1) * self.steps(client)
+        return work.budget.epsilon(left)
+
+    def train(self, client, work: RoundWork, items, collate, lengths, restore, span):
+        cfg, received = client.cfg, work.received
+        return train_private(
+            client.model, items, collate, client.task, work.budget, cfg.dp, steps=self.steps(client),
+            lr=cfg.lr, lr_overrides=client.private_lrs(), batch_size=cfg.batch_size, parts=self.parts,
+            weight_decay=cfg.weight_decay,
+            anchor={k: received[k] for k in received if k in client.shared_names}, seed=work.run_seed,
+            max_grad_norm=cfg.max_grad_norm or None, optimizer_state=restore, on_step=work.on_step,
+            warmup=cfg.warmup, schedule_start=span[0], schedule_total=span[1])
+
+    def update(self, client, result, values, work: RoundWork, **numbers) -> ClientUpdate:
+        """What leaves: the noisy model and the accountant's ε; no loss computed on records."""
+        numbers.pop("personal_terms", None)
+        return ClientUpdate(values, len(client.examples), result.steps, privacy=work.budget.record(), **numbers)
+
+    def keep(self, meta: dict, work: RoundWork) -> None:
+        meta["dp"] = work.budget.to_meta()

@@ -1,0 +1,43 @@
+"""Silo-level DP: the sensitivity w_max·C / W holds for public, fixed weights and one mean over every
+shared tensor (fedsilo.privacy.silo_dp)."""
+from __future__ import annotations
+
+from fedsilo.core.weighting import WEIGHTINGS
+
+from .common import changed_limits
+
+
+def _accountable(policy, central: bool) -> bool:
+    """Central mode: a weight from the registered size alone; distributed: the same weight for every silo
+    (each silo's share of the noise is sized for equal weights)."""
+    return policy.public_weight is not None and (central or policy.uniform)
+
+
+def check(recipe) -> str | None:
+    cfg = recipe.config
+    dp = cfg.federation.silo_dp
+    if dp is None:
+        return None
+    f, x, plan = cfg.federation, cfg.exchange, recipe.plan
+    if not cfg.participation.federates:
+        return f"federation.silo_dp: paradigm {cfg.paradigm!r} does not federate"
+    weighting = recipe.server.weighting.value
+    if not _accountable(weighting, dp.central) or f.weighting_stat:
+        allowed = [name for name in WEIGHTINGS if _accountable(WEIGHTINGS.get(name), dp.central)]
+        why = ("each silo's share of the noise would depend on every other silo's weight"
+               if weighting.public_weight is not None and not f.weighting_stat else
+               "a weight computed from a silo's data is itself a release no noise covers, and bounds no silo's share "
+               "of the aggregate")
+        return (f"federation.weighting = {f.weighting!r} cannot be accounted with federation.silo_dp (mode {dp.mode!r}):"
+                f" {why}; use weighting = " + " or ".join(f'"{w}"' for w in allowed))
+    if not recipe.server.aggregation.value.weighted:
+        return f"federation.aggregation = {f.aggregation!r}: silo-level DP is accounted for the mean"
+    if plan.download_transforms:
+        return ("exchange.download_transforms cannot run with federation.silo_dp: a silo clips its update against the "
+                "coded values it received, the server's sensitivity bound is for its own")
+    if not plan.upload.value.sends_all or not plan.download.value.sends_all:
+        key, value = ("upload", x.upload) if not plan.upload.value.sends_all else ("download", x.download)
+        return (f"exchange.{key} = {value!r}: silo-level DP needs every silo to receive and send every shared tensor "
+                "(an update clipped against what it received, one denominator for all)")
+    return changed_limits(cfg, "federation.silo_dp", "it would change a silo's update or weight by the others', which "
+                          "the sensitivity bound does not cover (federation.silo_dp.clip bounds each update)")
