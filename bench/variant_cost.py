@@ -39,7 +39,7 @@ def study_variants(study: Path) -> dict[str, list[str]]:
     """A study file's [variants.NAME] tables as --set assignments (a table's own keys, values as TOML)."""
     import tomllib
 
-    from fedsilo.config import _fmt
+    from fedsilo.settings import toml_value as _fmt
 
     out = {}
     for name, changes in tomllib.loads(study.read_text()).get("variants", {}).items():

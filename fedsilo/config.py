@@ -7,206 +7,38 @@ The `[task]` section is validated by the settings class of the task it names.
 """
 from __future__ import annotations
 
-import math
 import sys
 import tomllib
 import warnings
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import SerializeAsAny, ValidationError, ValidationInfo, create_model, field_validator, model_validator
-from pydantic import Field
+from pydantic import Field, SerializeAsAny, ValidationError, ValidationInfo, create_model, field_validator
+from pydantic import model_validator
 
 from fedsilo import builtins  # noqa: F401  (fills every registry a config names from)
 from fedsilo.client.batching import BATCH_ORDERS, shuffled
 from fedsilo.client.schedule import LR_SCHEDULES, constant
 from fedsilo.client.settings import ClientConfig
-from fedsilo.core.aggregate import AGGREGATIONS
-from fedsilo.core.compression import DOWNLOAD_CODECS
-from fedsilo.core.exchange import DOWNLOADS, OVERWRITES, SELECTORS
-from fedsilo.core.messages import STATISTICS, is_statistic
-from fedsilo.core.server_opt import BIAS_CORRECTIONS, SERVER_OPTIMIZERS, unread_correction, unread_hyperparameters
-from fedsilo.core.transforms import UPLOAD_TRANSFORMS
-from fedsilo.core.weighting import WEIGHTINGS
+from fedsilo.core.settings import ExchangeConfig, FederationConfig, ServerConfig
 from fedsilo.errors import ConfigError, ConfigWarning
-from fedsilo.models.settings import ModelConfig, default_name, reads_task_tokenizer, unread_sizes
+from fedsilo.models.settings import ModelConfig, reads_task_tokenizer, unread_sizes
 from fedsilo.paradigms import PARADIGMS, Paradigm
-from fedsilo.settings import FiniteFloat, Limit, SectionError, Strict, choice, where_what
+from fedsilo.privacy.settings import SecureAggregationConfig, SiloDPConfig
+from fedsilo.settings import SectionError, Strict, choice, toml_key, toml_value, where_what
 from fedsilo.tasks import TASKS, TaskSettings
+from fedsilo.tasks.tokenizer_source import (TOKENIZER_DIR, model_kind_name, saved_tokenizer, tokenizer_fill,
+                                            tokenizer_keys)
 
+__all__ = ["ClientConfig", "ConfigError", "EngineConfig", "ExchangeConfig", "FederationConfig", "FlowerConfig",
+           "ModelConfig", "RunConfig", "SecureAggregationConfig", "ServerConfig", "SiloDPConfig", "TOKENIZER_DIR",
+           "apply_overrides", "load_config", "locate_files", "saved_tokenizer", "to_toml", "validate"]
 
 # Every [client] key may be overridden per silo: the override model is derived, never hand-kept.
 ClientOverride = create_model(
     "ClientOverride", __base__=Strict,
     **{name: (f.annotation | None, None) for name, f in ClientConfig.model_fields.items()},
 )
-
-
-class SecureAggregationConfig(Strict):
-    """`[federation.secure_aggregation]`: the server learns only the round's weighted sum (fedsilo.privacy.secagg)."""
-    threshold: int | None = Field(None, ge=2, description="Shamir threshold t: the round needs t silos to finish, "
-                                                          "tolerates n − t dropping; None: a majority, n//2 + 1")
-    step: FiniteFloat = Field(2.0 ** -32, gt=0, lt=1, description="fixed-point step: each coordinate of the sum is "
-                                                                   "exact to (silos) × step / 2")
-
-
-class SiloDPConfig(Strict):
-    """`[federation.silo_dp]`: each silo is one user of a DP guarantee on the global model (fedsilo.privacy.silo_dp)."""
-    mode: Literal["central", "distributed"] = Field(
-        "central", description="central: the server adds the noise to the aggregate; distributed: each silo adds "
-                               "its share (with secure aggregation the server sees only the noisy sum)")
-    clip: FiniteFloat = Field(gt=0, description="C: every silo's update is clipped to this L2 norm")
-    noise_multiplier: FiniteFloat | None = Field(None, gt=0, description="σ; None: derived from target_epsilon")
-    target_epsilon: FiniteFloat | None = Field(None, gt=0, description="ε over federation.rounds rounds; a round "
-                                                                        "that would pass it ends the run")
-    delta: FiniteFloat = Field(1e-5, gt=0, lt=1, description="δ (a few silos: 1/(10·silos) would be far too large)")
-    noise: Literal["secret", "seeded"] = Field("secret", description="seeded: reproducible from the run seed, and "
-                                                                     "removable by anyone who knows it")
-
-    @property
-    def central(self) -> bool:
-        return self.mode == "central"
-
-    @property
-    def seeded(self) -> bool:
-        return self.noise == "seeded"
-
-    @model_validator(mode="after")
-    def _one_of(self) -> "SiloDPConfig":
-        if self.target_epsilon is None and self.noise_multiplier is None:
-            raise ValueError("set target_epsilon (σ is derived from it) or noise_multiplier")
-        return self
-
-
-class FederationConfig(Strict):
-    rounds: int = Field(3, gt=0, strict=True)
-    sample_fraction: float = Field(1.0, gt=0, le=1)
-    sample_count: int | None = Field(None, gt=0)
-    weighting: choice(WEIGHTINGS) = "size"
-    weighting_stat: str | None = Field(
-        None, description="the client statistic the policy reads (delta_loss, mean_loss, loss/<term>); "
-                          "None: the policy's default")
-    eval_every: int = Field(1, gt=0)
-    aggregation: choice(AGGREGATIONS) = Field(
-        "mean", description="mean (weighted by the weighting policy), median or trimmed_mean (robust, "
-                            "unweighted: Yin et al. 2018)")
-    aggregation_options: dict[str, Any] = Field(default_factory=dict, description="e.g. {trim = 0.2}")
-    clip_norm: FiniteFloat | None = Field(None, gt=0, description="clip each client's update to this L2 norm")
-    max_client_weight: float | None = Field(
-        None, gt=0, le=1, description="cap on any client's weight p_i; the excess goes to the others")
-    max_weight_ratio: Limit = Field(
-        10.0, description="no client's weight above this many times the median of the others' weights (sizes "
-                          "and statistics are self-reported); \"off\": the weighting policy's weights as they are")
-    max_update_ratio: Limit = Field(
-        100.0, description="reject a client update whose RMS exceeds this many times the median RMS of the other "
-                           "updates in the same round (\"off\": no limit)")
-    max_step_ratio: Limit = Field(
-        1000.0, description="skip a server step longer than this many times the global tensors' norm "
-                            "(\"off\": no limit)")
-    max_failed_rounds: int = Field(
-        3, gt=0, strict=True, description="stop the run after this many rounds in a row applied no update")
-    silo_dp: SiloDPConfig | None = Field(
-        None, description="silo-level differential privacy: clipped updates, Gaussian noise, an accountant on the "
-                          "server (docs/privacy.md)")
-    secure_aggregation: SecureAggregationConfig | None = Field(
-        None, description="mask each silo's weighted update so the server learns only their sum (docs/privacy.md)")
-
-    @field_validator("max_weight_ratio", "max_update_ratio", "max_step_ratio", mode="before")
-    @classmethod
-    def _limit(cls, v: object, info: ValidationInfo) -> object:
-        if v is None:  # TOML cannot write None, and config.toml leaves None out: "off" survives a resume
-            return "off"
-        step = info.field_name == "max_step_ratio"  # a peer ratio below 1 would reject everyone
-        if isinstance(v, bool) or (isinstance(v, (int, float)) and not (
-                math.isfinite(v) and (v > 0 if step else v >= 1))):
-            raise ValueError(f"federation.{info.field_name} must be a finite number {'> 0' if step else '≥ 1'}, "
-                             "or \"off\"")
-        return v
-
-    @field_validator("weighting_stat")
-    @classmethod
-    def _statistic(cls, v: str | None) -> str | None:
-        if v is not None and not is_statistic(v):
-            raise ValueError(f"{v!r} is not a statistic clients report: {', '.join(STATISTICS)}")
-        return v
-
-    @model_validator(mode="after")
-    def _one_sample_size(self) -> "FederationConfig":
-        # sample_clients takes sample_count when it is set: a fraction beside it would change nothing.
-        if self.sample_count is not None and self.sample_fraction != 1.0:
-            raise SectionError(f"federation.sample_fraction = {self.sample_fraction}: not read, "
-                               f"federation.sample_count = {self.sample_count} is set and says how many clients "
-                               "train each round; set one")
-        return self
-
-    @model_validator(mode="after")
-    def _aggregation(self) -> "FederationConfig":
-        AGGREGATIONS.resolve(self.aggregation, self.aggregation_options, "federation.aggregation_options")
-        unweighted = not AGGREGATIONS.get(self.aggregation).weighted
-        if unweighted and (self.weighting != type(self).model_fields["weighting"].default or self.weighting_stat
-                           or self.max_client_weight):
-            raise ValueError(f"aggregation {self.aggregation!r} counts every client once: "
-                             "federation.weighting / weighting_stat / max_client_weight do not apply")
-        return self
-
-
-class ServerConfig(Strict):
-    optimizer: choice(SERVER_OPTIMIZERS) = "fedavg"
-    lr: FiniteFloat | None = Field(None, gt=0, description="default 1.0 for fedavg/sgdm, 0.01 for adaptive")
-    momentum: float = Field(0.9, ge=0, lt=1)
-    beta1: float = Field(0.9, ge=0, lt=1)
-    beta2: float = Field(0.99, ge=0, lt=1)
-    tau: FiniteFloat = Field(1e-3, gt=0)
-    v0: FiniteFloat | None = Field(None, ge=0, description="initial second moment; None: tau² (Reddi et al.)")
-    bias_correction: choice(BIAS_CORRECTIONS) = Field(
-        "none", description="Adam's step size: none (Reddi et al.), adam (Kingma & Ba: t = server step), "
-                            "flower (Flower 1.41's FedAdam: t = round + 1)")
-
-    @model_validator(mode="after")
-    def _correction_is_read(self) -> "ServerConfig":
-        # A correction the optimiser never reads would silently change nothing.
-        unread = unread_correction(self.optimizer, self.bias_correction)
-        if unread:
-            raise ValueError(unread)
-        return self
-
-    @model_validator(mode="after")
-    def _hyperparameters_are_read(self) -> "ServerConfig":
-        # e.g. momentum for fedavg or adam, beta2 for adagrad: a value there would silently change nothing.
-        for key in unread_hyperparameters(self.optimizer):
-            value = getattr(self, key)
-            if value != type(self).model_fields[key].default:
-                raise SectionError(f"server.{key} = {value}: the {self.optimizer!r} server optimizer does not read it "
-                                   f"(see docs/server-optimizers.md); remove it or choose an optimizer that does")
-        return self
-
-    @property
-    def effective_lr(self) -> float:
-        """The configured lr, else the optimiser's own default (1.0 for fedavg/sgdm, 0.01 adaptive)."""
-        return self.lr if self.lr is not None else SERVER_OPTIMIZERS.get(self.optimizer).default_lr
-
-
-class ExchangeConfig(Strict):
-    shared: list[str] = Field(default_factory=lambda: ["*"])
-    private: list[str] = Field(default_factory=list)
-    upload: choice(SELECTORS) = Field("all", description="per-round upload policy (a registered selector)")
-    upload_options: dict[str, Any] = Field(default_factory=dict)
-    download: choice(DOWNLOADS) = Field("all", description="what the server sends each client")
-    overwrite: choice(OVERWRITES) = Field("received", description="which received tensors a client takes")
-    upload_transforms: list[dict[str, Any]] = Field(
-        default_factory=list, description="what a client's upload goes through before it leaves the silo, in "
-                                          "order, e.g. [{name = \"clip\", max_norm = 1.0}] (fedsilo.core.transforms)")
-    download_transforms: list[dict[str, Any]] = Field(
-        default_factory=list, description="how the server's values are coded on the way down: at most one codec, "
-                                          "e.g. [{name = \"fp16\"}] (fedsilo.core.compression)")
-
-    @model_validator(mode="after")
-    def _options(self) -> "ExchangeConfig":
-        # each option validated here; what the chain needs from the rest: fedsilo.features.codecs
-        SELECTORS.resolve(self.upload, self.upload_options, "exchange.upload_options")
-        UPLOAD_TRANSFORMS.resolve_chain(self.upload_transforms, "exchange.upload_transforms")
-        DOWNLOAD_CODECS.resolve_chain(self.download_transforms, "exchange.download_transforms")
-        return self
 
 
 class EngineConfig(Strict):
@@ -229,7 +61,7 @@ class EngineConfig(Strict):
     @classmethod
     def _positive_count(cls, v: Any, info: ValidationInfo) -> int | str:
         if v != "auto" and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise ValueError(f"engine.{info.field_name} must be a positive count or \"auto\", got {_fmt(v)}")
+            raise ValueError(f"engine.{info.field_name} must be a positive count or \"auto\", got {toml_value(v)}")
         return v
 
 
@@ -314,12 +146,12 @@ class RunConfig(Strict):
             value = getattr(self.client, key)
             if value != ClientConfig.model_fields[key].default and all(
                     key in unread_client_keys(self.client_config(c)) for c in participants):
-                raise SectionError(f"client.{key} = {_fmt(value)}: nothing reads it ({why}); remove it")
+                raise SectionError(f"client.{key} = {toml_value(value)}: nothing reads it ({why}); remove it")
         for silo, override in self.clients.items():
             unread = unread_client_keys(self.client_config(silo))
             for key, value in override.model_dump(exclude_none=True).items():
                 if key in unread:
-                    raise SectionError(f"clients.{silo}.{key} = {_fmt(value)}: nothing reads it ({unread[key]}); "
+                    raise SectionError(f"clients.{silo}.{key} = {toml_value(value)}: nothing reads it ({unread[key]}); "
                                        "remove it")
         return self
 
@@ -389,77 +221,6 @@ def unread_client_keys(c: ClientConfig) -> dict[str, str]:
 
 # ---- settings another setting makes meaningless: the task's tokenizer keys, model sizes, paradigms
 
-TOKENIZER_DIR = "tokenizer"  # in a run directory: the task tokenizer its model was trained with
-
-# The [task] keys that only shape a task's own tokenizer (TaskPlugin.tokenizer): a settings class may say
-# so itself (`tokenizer_keys`, a ClassVar); these are the built-in tasks'.
-_TOKENIZER_KEYS = {"translation": ("vocab_size", "tokenizer_model", "tokenizer_domain")}
-
-
-def tokenizer_keys(task: TaskSettings) -> tuple[str, ...]:
-    """The task's keys that only say how its own tokenizer is fitted (none when it has no tokenizer)."""
-    if TASKS.get(task.name).tokenizer is None:
-        return ()
-    keys = getattr(type(task), "tokenizer_keys", None)
-    keys = _TOKENIZER_KEYS.get(task.name, ()) if keys is None else keys
-    return tuple(k for k in keys if k in type(task).model_fields)
-
-
-def saved_tokenizer(init_from: str | None) -> Path | None:
-    """The tokenizer folder beside `model.init_from`'s checkpoint (a run directory's `tokenizer/`), if any:
-    a run that starts from that checkpoint uses it, not the task's own."""
-    if not init_from:
-        return None
-    source = Path(init_from).expanduser()
-    saved = (source if source.is_dir() else source.parent) / TOKENIZER_DIR
-    return saved if saved.is_dir() else None
-
-
-def model_kind_name(cfg: "RunConfig") -> tuple[str | None, str | None]:
-    """The model kind and name a run builds: the config's, else the task's defaults, else the kind's."""
-    defaults = TASKS.get(cfg.task.name).default_model
-    kind = cfg.model.kind if cfg.model.kind is not None else defaults.get("kind")
-    name = cfg.model.name if cfg.model.name is not None else defaults.get("name")
-    return kind, name if name is not None else default_name(kind)
-
-
-def _recorded_task(folder: Path, task: str) -> dict | None:
-    """The [task] section of `folder`/config.toml when it is a `task` run's, else None."""
-    try:
-        recorded = tomllib.loads((folder / "config.toml").read_text()).get("task")
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        return None
-    return recorded if isinstance(recorded, dict) and recorded.get("name", "text2sql") == task else None
-
-
-def tokenizer_fill(cfg: "RunConfig") -> dict:
-    """The tokenizer keys `cfg` takes from `model.init_from`'s source run (what its saved tokenizer was
-    fitted with); a key the config sets to another value raises SectionError naming both keys."""
-    keys = tokenizer_keys(cfg.task)
-    saved = saved_tokenizer(cfg.model.init_from) if keys else None
-    if saved is None or not reads_task_tokenizer(*model_kind_name(cfg)):
-        return {}
-    fields = type(cfg.task).model_fields
-    recorded = _recorded_task(saved.parent, cfg.task.name)
-    if recorded is None:  # nothing says what it was fitted with: a value set here cannot be honoured
-        for key in keys:
-            value = getattr(cfg.task, key)
-            if value != fields[key].default:
-                raise SectionError(f"task.{key} = {_fmt(value)}: not read, model.init_from = "
-                                   f"{_fmt(cfg.model.init_from)} starts from the tokenizer saved in {saved}, and "
-                                   f"{saved.parent} holds no config.toml saying what it was fitted with; "
-                                   f"remove task.{key}")
-        return {}
-    used = {key: recorded.get(key, fields[key].default) for key in keys}
-    for key in keys:
-        value = getattr(cfg.task, key)
-        if key in cfg.task.model_fields_set and value != used[key]:
-            raise SectionError(f"task.{key} = {_fmt(value)}: not read, model.init_from = {_fmt(cfg.model.init_from)} "
-                               f"starts from the tokenizer saved in {saved}, fitted with {key} = {_fmt(used[key])} "
-                               f"({saved.parent / 'config.toml'}); remove task.{key} or set it to {_fmt(used[key])}")
-    return {key: v for key, v in used.items() if getattr(cfg.task, key) != v}
-
-
 def config_warnings(cfg: "RunConfig") -> list[str]:
     """Settings `cfg` gives a value other than the default that another setting makes meaningless, where a
     refusal would break a common use (a study's base config under a finetune variant, a task config with
@@ -471,13 +232,13 @@ def config_warnings(cfg: "RunConfig") -> list[str]:
         for key in tokenizer_keys(cfg.task):
             value = getattr(cfg.task, key)
             if value != task_fields[key].default:
-                out.append(f"task.{key} = {_fmt(value)} has no effect: model {name!r} ({kind}) does not use the "
+                out.append(f"task.{key} = {toml_value(value)} has no effect: model {name!r} ({kind}) does not use the "
                            f"{cfg.task.name} task's own tokenizer")
     unread, why = unread_sizes(kind, name)
     for key in unread:
         value = getattr(cfg.model, key)
         if value != ModelConfig.model_fields[key].default:
-            out.append(f"model.{key} = {_fmt(value)} has no effect: model {name!r} ({kind}): {why}")
+            out.append(f"model.{key} = {toml_value(value)} has no effect: model {name!r} ({kind}): {why}")
     p = cfg.participation
     if not p.federates:
         f = cfg.federation
@@ -485,7 +246,7 @@ def config_warnings(cfg: "RunConfig") -> list[str]:
             value = getattr(f, key)
             if value != FederationConfig.model_fields[key].default:
                 alone = "each silo trains alone" if p.per_silo_runs else "one pooled client trains"
-                out.append(f"federation.{key} = {_fmt(value)} has no effect: paradigm = {cfg.paradigm!r} does not "
+                out.append(f"federation.{key} = {toml_value(value)} has no effect: paradigm = {cfg.paradigm!r} does not "
                            f"federate ({alone})")
     if p.per_silo_runs and (cfg.server.optimizer != ServerConfig.model_fields["optimizer"].default
                             or cfg.server.lr not in (None, 1.0)):
@@ -603,34 +364,16 @@ def to_toml(cfg: RunConfig) -> str:
     return _dump(cfg.model_dump(exclude_none=True))
 
 
-def _fmt(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(v, list):
-        return "[" + ", ".join(_fmt(x) for x in v) + "]"
-    if isinstance(v, float) and not math.isfinite(v):
-        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{_key(k)} = {_fmt(x)}" for k, x in v.items()) + "}"
-    return repr(v)
-
-
-def _key(k: str) -> str:
-    return k if k.replace("_", "").replace("-", "").isalnum() else _fmt(k)
-
-
 # Sections whose values are free-form tables (written inline, not as [sub.sections]).
 _INLINE = {"regularizers", "upload_options", "options", "hook_options"}
 
 
 def _dump(d: dict, prefix: str = "") -> str:
-    scalars = [f"{_key(k)} = {_fmt(v)}" for k, v in d.items() if not isinstance(v, dict) or k in _INLINE]
+    scalars = [f"{toml_key(k)} = {toml_value(v)}" for k, v in d.items() if not isinstance(v, dict) or k in _INLINE]
     out = "\n".join(scalars) + ("\n" if scalars else "")
     for k, v in d.items():
         if isinstance(v, dict) and k not in _INLINE:
-            name = f"{prefix}{_key(k)}"
+            name = f"{prefix}{toml_key(k)}"
             body = _dump(v, name + ".")
             if any(not isinstance(x, dict) or kk in _INLINE for kk, x in v.items()) or not v:
                 out += f"\n[{name}]\n"

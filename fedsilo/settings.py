@@ -6,6 +6,7 @@ fedsilo.config composes them into the run's config. Errors name the key as the u
 """
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
@@ -46,3 +47,22 @@ def where_what(err: ValidationError, prefix: str = "") -> str:
         msg = msg[len("Value error, "):]
     more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
     return f"{where}: {msg}{more}"
+
+
+def toml_value(v: Any) -> str:
+    """`v` as TOML writes it (a message quotes a config value the way the user wrote it)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, float) and not math.isfinite(v):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{toml_key(k)} = {toml_value(x)}" for k, x in v.items()) + "}"
+    return repr(v)
+
+
+def toml_key(k: str) -> str:
+    return k if k.replace("_", "").replace("-", "").isalnum() else toml_value(k)

@@ -1,14 +1,7 @@
 """What several features' checks share."""
 from __future__ import annotations
 
-from typing import Any
-
-
-def fmt(v: Any) -> str:
-    """A value as the config writes it (numbers as Python prints them)."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return repr(v)
+from fedsilo.settings import toml_value
 
 
 def changed_limits(cfg, feature: str, why: str) -> str | None:
@@ -19,5 +12,5 @@ def changed_limits(cfg, feature: str, why: str) -> str | None:
     for key in ("clip_norm", "max_client_weight", "max_weight_ratio", "max_update_ratio"):
         value = getattr(f, key)
         if value not in (None, "off") and value != fields[key].default:
-            return f"federation.{key} = {fmt(value)} cannot apply with {feature}: {why}"
+            return f"federation.{key} = {toml_value(value)} cannot apply with {feature}: {why}"
     return None
