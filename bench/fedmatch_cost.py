@@ -22,7 +22,7 @@ from pathlib import Path
 from fedsilo.config import to_toml
 from fedsilo.models.settings import SurgeryConfig
 from fedsilo.rundir.records import read_rounds
-from fedsilo.runs.study import load_study
+from fedsilo.runs.studyfile import load_study
 from fedsilo.runs.tables import markdown_table
 
 SMALL = Path(__file__).resolve().parents[1] / "experiments" / "qa" / "small.toml"

@@ -3,7 +3,7 @@
 Runs every variant of experiments/multitask/study.toml once per seed (--seeds, default 0,1,2), each
 variant and seed in its own process (so each run's peak RSS is its own), into --out: OUT/VARIANT/seed-S
 with several seeds, OUT/VARIANT with one, each built exactly as `fedsilo study --seeds` builds it
-(fedsilo.runs.study.load_study with the seed). Seed S sets the model init, data order and dropout and
+(fedsilo.runs.studyfile.load_study with the seed). Seed S sets the model init, data order and dropout and
 also draws another few-shot sample: each of the study's `task.sample_seeds` plus S (seed 0 keeps the
 configured sample), unless the study sets `[study] vary_sample = false`. The sample moves a few-shot
 result as much as the model seed does, so it belongs in the spread; this is why `--more-samples`
@@ -13,7 +13,7 @@ yardstick (Data Silo run again with another seed).
 Then compares each variant against Data Silo of the same seed with `fedsilo compare`'s arithmetic
 (PIR per task, APIR per client then over clients, Win/Lose/Tie) and writes --doc: Table 1 (methods),
 Table 2 (ablations), each cell mean ± sd over the seeds; the paper's claims judged on the per-seed
-APIRs with fedsilo.runs.study.claim (a claim holds when the gap exceeds the sum of the two standard
+APIRs with fedsilo.runs.spread.claim (a claim holds when the gap exceeds the sum of the two standard
 deviations); Table 4 (seconds per local epoch of one client, split into pseudo-label generation and
 training, the mean over the seeds) and every task. A hand-written `## Reading` section already in the
 doc is kept. Finished runs are skipped on a re-run, so an interrupted study continues.
@@ -37,7 +37,9 @@ from pathlib import Path
 
 from fedsilo.rundir.records import read_rounds
 from fedsilo.runs.compare import compare, read_results
-from fedsilo.runs.study import RULE, SPREAD, claim, mean_sd, parse_seeds, run_dir, spread_cell
+from fedsilo.runs.spread import RULE, SPREAD, claim, mean_sd, spread_cell
+from fedsilo.runs.study import run_dir
+from fedsilo.runs.studyfile import parse_seeds
 from fedsilo.runs.tables import markdown_table
 from fedsilo.tasks.multitask.catalog import CATALOG
 from fedsilo.tasks.multitask.converters import load_all
@@ -60,7 +62,8 @@ from pathlib import Path
 from transformers.utils import logging as hf_logging
 from fedsilo.runs.report import write_report
 from fedsilo.runs.runner import run_experiment
-from fedsilo.runs.study import load_study, run_dir
+from fedsilo.runs.study import run_dir
+from fedsilo.runs.studyfile import load_study
 hf_logging.set_verbosity_error()
 hf_logging.disable_progress_bar()
 study, variant, out, seed, multi = sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"

@@ -2,7 +2,7 @@
 at the paper's scale on a GPU (`--scale paper`).
 
 Runs every config of experiments/nmt/ in dependency order once per seed (--seeds, default 0,1,2;
-applied as `fedsilo study` does, fedsilo.runs.study.seeded: model init, data order, dropout) into
+applied as `fedsilo study` does, fedsilo.runs.studyfile.seeded: model init, data order, dropout) into
 --out: OUT/NAME/seed-S with several seeds, OUT/NAME with one. Each seed is a whole chain of its own:
 its own generic engine (stage 1 is seeded too: its model init differs), then that seed's runs start
 from it (model.init_from = OUT/generic/seed-S), the chained links from that seed's previous link and
@@ -14,7 +14,7 @@ keeps both cores busy through the single-client stages: generic, alone, chained,
 Then writes a markdown report: the paper's tables as cross-domain BLEU matrices (each cell mean ± sd
 over the seeds), the parameters each method exchanged per round as a share of FedAvg's (round 1 and
 the mean over rounds, up and down, each seed against FedAvg of the same seed), wall time per round,
-and the paper's claims checked with fedsilo.runs.study.claim (a claim holds when the gap exceeds the
+and the paper's claims checked with fedsilo.runs.spread.claim (a claim holds when the gap exceeds the
 sum of the two standard deviations). The exchange table is printed too. A hand-written `## Reading`
 section already in the doc is kept. Finished runs are skipped on a re-run (results.json present).
 
@@ -35,7 +35,9 @@ from pathlib import Path
 
 from fedsilo.config import RunConfig, load_config
 from fedsilo.rundir.records import read_rounds
-from fedsilo.runs.study import RULE, SPREAD, claim, mean_sd, parse_seeds, run_dir, seeded, spread_cell
+from fedsilo.runs.spread import RULE, SPREAD, claim, mean_sd, spread_cell
+from fedsilo.runs.study import run_dir
+from fedsilo.runs.studyfile import parse_seeds, seeded
 from fedsilo.runs.tables import markdown_table
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments" / "nmt"

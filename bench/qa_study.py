@@ -5,7 +5,7 @@ patch variants) once per seed (--seeds, default 0,1,2: model init and data order
 own process (so each variant's peak RSS is its own), into --out (OUT/STEM/VARIANT/seed-S, as `fedsilo
 study --seeds` lays them out). Then writes --doc: both tables as mean ± sd over the seeds with BM25
 beside them, the parameters each method sends and peak RSS, how far the patches moved, and the
-paper's claims checked with fedsilo.runs.study.claim (a claim holds when the gap exceeds the sum of
+paper's claims checked with fedsilo.runs.spread.claim (a claim holds when the gap exceeds the sum of
 the two seeds' standard deviations). Finished runs are skipped on a re-run.
 
     python bench/qa_study.py --out runs/qa-study --doc docs/qa-study.md [--seeds 0,1,2] [--only fedavg,fedmatch]
@@ -21,7 +21,9 @@ import sys
 from datetime import date
 from pathlib import Path
 
-from fedsilo.runs.study import RULE, SPREAD, claim, load_study, mean_sd, parse_seeds, run_dir, run_study, spread_cell
+from fedsilo.runs.spread import RULE, SPREAD, claim, mean_sd, spread_cell
+from fedsilo.runs.study import run_dir, run_study
+from fedsilo.runs.studyfile import load_study, parse_seeds
 from fedsilo.runs.tables import markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,7 +38,8 @@ import resource, sys
 from pathlib import Path
 from fedsilo.runs.report import write_report
 from fedsilo.runs.runner import run_experiment
-from fedsilo.runs.study import load_study, run_dir
+from fedsilo.runs.study import run_dir
+from fedsilo.runs.studyfile import load_study
 study, variant, out, seed, multi = sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
 sets = sys.argv[6:]
 cfg = load_study(study, sets, only=[variant], seed=seed, multi_seed=multi)[1][variant]  # exactly as run_study builds it
@@ -161,7 +164,7 @@ def write_doc(out: Path, doc: Path, rss: dict, seeds: list[int]) -> None:
         + ".\n",
         "## Seed spread\n",
         f"The widest spread of overall MAP over the seeds: {widest} ± {spreads[widest] or 0:.4f}. "
-        f"A claim below {RULE} (fedsilo.runs.study.beyond_spread); `reversed`: the opposite holds.\n",
+        f"A claim below {RULE} (fedsilo.runs.spread.beyond_spread); `reversed`: the opposite holds.\n",
         "## The paper's claims, on what came out\n", *claims(t3, t2), "",
         "## Recipe: today's against the paper's (overall MAP)\n", *recipe_claims(t3, paper), "",
     ]

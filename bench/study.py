@@ -1,10 +1,10 @@
 """The Lorar study (paper Tables 2 and 3) at a scale that fits this machine.
 
 Runs every variant of experiments/lorar/bench.toml (or --config) once per seed (--seeds, default
-0,1,2; applied as `fedsilo study` does, fedsilo.runs.study.seeded) into --out (OUT/VARIANT/seed-S;
+0,1,2; applied as `fedsilo study` does, fedsilo.runs.studyfile.seeded) into --out (OUT/VARIANT/seed-S;
 one seed: OUT/VARIANT), then writes a markdown report with the comparison tables as mean ± sd over
 the seeds, each variant's wall time, and the paper's two claims checked with
-fedsilo.runs.study.claim (a gap holds when it exceeds the sum of the two standard deviations):
+fedsilo.runs.spread.claim (a gap holds when it exceeds the sum of the two standard deviations):
 (1) Lorar beats its base algorithm on MacroAvg; (2) it helps the small silos (Academic, IMDB, Yelp)
 most. Finished runs are skipped on a re-run (results.json present); an interrupted one continues
 from its last complete round.
@@ -21,8 +21,11 @@ from datetime import date
 from pathlib import Path
 
 from fedsilo.config import load_config
+from fedsilo.runs.overall import comparison_table
 from fedsilo.runs.runner import run_experiment
-from fedsilo.runs.study import RULE, SPREAD, claim, comparison_table, parse_seeds, run_dir, seeded, spread_cell
+from fedsilo.runs.spread import RULE, SPREAD, claim, spread_cell
+from fedsilo.runs.study import run_dir
+from fedsilo.runs.studyfile import parse_seeds, seeded
 from fedsilo.runs.tables import markdown_table
 
 FEDOPT = ["server.optimizer=sgdm", "server.lr=1.0", "server.momentum=0.9"]
@@ -73,7 +76,7 @@ def loss_table(results: dict[str, list[dict]]) -> list[list[str]]:
 
 
 def claims(results: dict[str, list[dict]]) -> list[str]:
-    """Each "a > b" on per-seed numbers, judged by the shared rule (fedsilo.runs.study.claim)."""
+    """Each "a > b" on per-seed numbers, judged by the shared rule (fedsilo.runs.spread.claim)."""
     def mean(xs):
         return sum(xs) / len(xs)
 

@@ -6,9 +6,11 @@ from pathlib import Path
 import pytrec_eval
 
 from fedsilo.tasks.base import pool
+from fedsilo.tasks.matching.benchmark import load_silo
 from fedsilo.tasks.matching.bm25 import Bm25Index
-from fedsilo.tasks.matching.data import SILOS, SPLITS, load_silo
 from fedsilo.tasks.matching.metrics import SPEC, question_stats
+from fedsilo.tasks.matching.plugin import SILOS
+from fedsilo.tasks.matching.questions import SPLITS
 
 ROOT = Path(__file__).resolve().parents[2] / "shared" / "data" / "qa"  # ../shared/data
 M = {"map", "recip_rank", "P_1"}

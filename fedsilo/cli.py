@@ -1,7 +1,8 @@
 """`fedsilo run | study | deploy | report | compare | init | data`: the command line.
 
 Every error a user can cause (a bad config, a missing or corrupt file, a deployment that ended
-without results) is one line `fedsilo: error: ...` and exit code 2, never a traceback.
+without results) is one line `fedsilo: error: ...` and exit code 2, never a traceback. What each
+command does is commands.py.
 """
 from __future__ import annotations
 
@@ -10,254 +11,11 @@ import errno
 import os
 import signal
 import sys
-import warnings
 import threading
-from pathlib import Path
+import warnings
 
-from fedsilo import __version__
-from fedsilo.errors import ConfigWarning, FedsiloError, UserError
-
-
-def _report(out: Path, show: bool = True) -> Path:
-    """Print the results table (if any) and (re)write report.md; a malformed run file is a user error."""
-    from fedsilo.rundir.records import read_results
-    from fedsilo.runs.report import write_report
-    from fedsilo.runs.tables import print_results
-
-    try:
-        results = read_results(out)
-        if results and show:
-            print_results(results)
-        return write_report(out)
-    except ValueError as err:  # malformed rounds.jsonl / results.json (the message names file and line)
-        raise UserError(f"cannot report {out}: {err}") from None
-
-
-def _display(args: argparse.Namespace):
-    """Live bars, or with --no-progress a plain line per finished round (logs and CI still see it move)."""
-    return "lines" if args.no_progress else True
-
-
-def _cmd_run(args: argparse.Namespace) -> int:
-    from fedsilo.config import load_config
-    from fedsilo.runs.runner import run_experiment
-    from fedsilo.runs.tables import print_results
-
-    cfg = load_config(args.config, args.set or [])
-    out = Path(args.out) if args.out else Path(cfg.out_dir) / cfg.name
-    if args.engine == "flower-sim" and args.policy:
-        raise UserError("--policy: Flower's simulation gives its virtual SuperNodes no node config; use the "
-                        "in-process engine, or fedsilo deploy (each SuperNode reads its own --policy file)")
-    if args.engine == "flower-sim":
-        from fedsilo.runs.flower import run_simulation
-        cfg = absolute_config(cfg)  # Flower's workers may run in another folder
-        results = run_simulation(cfg, out, resume=args.resume, show_progress=_display(args))
-    else:
-        results = run_experiment(cfg, out, resume=args.resume, show_progress=_display(args),
-                                 policies=_policies(args))
-    print_results(results)
-    report = _report(out, show=False)
-    print(f"run directory: {out}\nreport: {report}")
-    return 0
-
-
-def _cmd_study(args: argparse.Namespace) -> int:
-    from fedsilo.runs.study import parse_seeds, run_study
-
-    out = Path(args.out) if args.out else Path("runs") / Path(args.study).stem
-    only = [v.strip() for v in args.only.split(",") if v.strip()] if args.only else None
-    seeds = parse_seeds(args.seeds) if args.seeds is not None else None  # before anything runs
-    run_study(args.study, out, args.set or [], only, show_progress=_display(args), seeds=seeds)
-    print(f"study directory: {out}\nreport: {out / 'report.md'}")
-    return 0
-
-
-def deploy_paths(cfg, out: str | None, workdir: str | None) -> tuple[Path, Path]:
-    """Absolute run directory and work folder: Flower's processes run in the work folder, so a
-    relative path (the README's `--out runs/x`) would be read from there."""
-    out_path = Path(out) if out else Path(cfg.out_dir) / cfg.name
-    out_path = out_path.expanduser().resolve()
-    work = Path(workdir).expanduser().resolve() if workdir else out_path.with_name(out_path.name + "-flower")
-    return out_path, work
-
-
-def absolute_config(cfg):
-    """The config with its local paths made absolute (task.data_dir, a local model folder,
-    model.init_from): Flower's processes run in other folders."""
-    from fedsilo.config import validate
-    try:
-        from fedsilo.models.seq2seq import BUILTIN
-    except ImportError:
-        BUILTIN = ("tiny-t5", "minilm2bert", "transformer")
-
-    raw = cfg.model_dump(exclude_none=True)
-    task, model = raw.get("task", {}), raw.get("model", {})
-    if task.get("data_dir"):
-        task["data_dir"] = str(Path(task["data_dir"]).expanduser().resolve())
-    name = model.get("name")
-    if isinstance(name, str) and name not in BUILTIN and Path(name).expanduser().is_dir():
-        model["name"] = str(Path(name).expanduser().resolve())  # a local checkpoint folder
-    if model.get("init_from"):
-        model["init_from"] = str(Path(model["init_from"]).expanduser().resolve())
-    return validate(raw, "config")
-
-
-def _policies(args: argparse.Namespace) -> dict[str, str]:
-    """--policy SILO=FILE (repeatable): each silo's own policy file (fedsilo.client.policy)."""
-    out = {}
-    for item in args.policy or []:
-        silo, sep, path = item.partition("=")
-        if not sep or not silo or not path:
-            raise UserError(f"--policy {item!r}: write SILO=FILE, e.g. --policy bank=bank-policy.toml")
-        if silo in out:
-            raise UserError(f"--policy: silo {silo!r} is given twice")
-        out[silo] = path
-    return out
-
-
-def _cmd_deploy(args: argparse.Namespace) -> int:
-    """A real Flower deployment on 127.0.0.1: SuperLink + one SuperNode per silo, then clean up."""
-    from fedsilo.config import load_config, to_toml
-    from fedsilo.client.policy import read_policy
-    from fedsilo.engines.flower.deploy import DeploymentError, LocalDeployment, silo_nodes
-    from fedsilo.rundir.datacheck import blocking_error
-    from fedsilo.rundir.lock import RunLock
-    from fedsilo.rundir.records import read_results
-    from fedsilo.runs.datareport import inspect_silos
-    from fedsilo.runs.tables import print_results
-    from fedsilo.tasks import TASKS
-
-    cfg = absolute_config(load_config(args.config, args.set or []))
-    out, work = deploy_paths(cfg, args.out, args.workdir)
-    # One writer per run directory: held here for the whole deployment; the ServerApp gets the token.
-    with RunLock(out) as lock:
-        with warnings.catch_warnings(record=True) as caught:  # the data is checked before any process starts
-            warnings.simplefilter("always", UserWarning)
-            data = TASKS.get(cfg.task.name).data_dir(cfg.task)
-            error = blocking_error(inspect_silos(cfg, build=False))  # each silo checks again where it runs
-        for w in caught:
-            print(f"fedsilo: warning: {w.message}", file=sys.stderr)
-        if error is not None:
-            raise error
-        try:
-            silos = silo_nodes(cfg.task, data)  # each SuperNode reads its silo's files where they are
-            for silo, path in _policies(args).items():  # each SuperNode checks every round against its own file
-                if silo not in silos:
-                    raise UserError(f"--policy {silo}=…: {silo!r} is not a silo of this run ({', '.join(silos)})")
-                read_policy(path)  # a bad file fails here, before any process starts
-                silos[silo]["policy"] = str(Path(path).resolve())
-            work.mkdir(parents=True, exist_ok=True)
-            config = work / "config.toml"
-            config.write_text(to_toml(cfg))
-            processes = work / "processes"
-            print(f"starting a SuperLink and {len(silos)} SuperNodes on 127.0.0.1 (logs in {processes})",
-                  file=sys.stderr, flush=True)
-            with LocalDeployment(processes, silos) as dep:
-                dep.lock = lock.token
-                dep.run(config, out, resume=args.resume, progress=not args.no_progress)
-        except DeploymentError as err:
-            raise UserError(str(err)) from None
-    report = _report(out, show=False)
-    results = read_results(out)
-    if results:
-        print_results(results)
-    print(f"run directory: {out}\nreport: {report}")
-    return 0
-
-
-def _cmd_report(args: argparse.Namespace) -> int:
-    report = _report(Path(args.run_dir))
-    print(f"report: {report}")
-    return 0
-
-
-def _cmd_export(args: argparse.Namespace) -> int:
-    from fedsilo.runs.export import export_adapters
-
-    out, personal = export_adapters(Path(args.run_dir), Path(args.out), args.silo, args.with_base)
-    if args.silo is not None:
-        print(f"{args.silo}: {len(personal)} of its own tensors over the global ones" if personal else
-              f"{args.silo} keeps no tensors of its own (exchange.private is empty): these are the global adapters")
-    print(f"adapters: {out} (load with peft.PeftModel.from_pretrained(base_model, {str(out)!r}))")
-    return 0
-
-
-def _cmd_compare(args: argparse.Namespace) -> int:
-    from fedsilo.runs.compare import CompareError, compare_runs
-
-    try:
-        summary, md = compare_runs(Path(args.run), Path(args.baseline), args.tie)
-    except CompareError as err:
-        raise UserError(str(err)) from None
-    print(md.read_text(), end="")
-    print(f"written: {md} and {md.with_suffix('.json')}")
-    return 0
-
-
-def _cmd_data(args: argparse.Namespace) -> int:
-    if args.task == "check":
-        return _cmd_data_check(args)
-    if args.config:
-        raise UserError(f"fedsilo data {args.task} takes no config (did you mean: fedsilo data check {args.config}?)")
-    from fedsilo.datafetch import default_data_root, ensure, find_mirror
-
-    dest = (Path(args.dest).expanduser() if args.dest else default_data_root() / args.task).resolve()
-    mirror = Path(args.mirror).expanduser() if args.mirror else find_mirror()
-    source = f"mirror {mirror.resolve()}" if mirror else "the public source (pinned commit)"
-    print(f"{args.task} data goes to {dest} (missing or changed files come from {source})", flush=True)
-    path = ensure(args.task, dest, Path(args.mirror).expanduser() if args.mirror else None)
-    print(f"{args.task} data verified in {path}")
-    return 0
-
-
-def _cmd_data_check(args: argparse.Namespace) -> int:
-    """Every silo of a config checked as a run would check it, plus token lengths; exit 1 when a
-    silo cannot be run (malformed rows it does not skip, an empty split)."""
-    from fedsilo.config import load_config
-    from fedsilo.runs.datareport import add_lengths, inspect_silos, report, write_json
-
-    if not args.config:
-        raise UserError("fedsilo data check needs a config: fedsilo data check CONFIG")
-    cfg = load_config(args.config, args.set or [])
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", UserWarning)
-        checks = inspect_silos(cfg)
-        if not any(c.blocking for c in checks) and not args.no_lengths:
-            add_lengths(cfg, checks)
-    for w in caught:
-        print(f"fedsilo: warning: {w.message}", file=sys.stderr)
-    print(report(checks))
-    if args.json:
-        write_json(checks, Path(args.json))
-        print(f"written: {args.json}")
-    return 1 if any(c.blocking for c in checks) else 0
-
-
-def _cmd_init(args: argparse.Namespace) -> int:
-    """A commented config for a folder of silos; what it cannot tell is left as DECIDE lines."""
-    from fedsilo.config import load_config
-    from fedsilo.errors import ConfigError
-    from fedsilo.runs.init import init_config
-
-    out = Path(args.out)
-    if out.exists() and not args.force:
-        raise UserError(f"{out} exists; choose another --out, or --force to overwrite it")
-    text, guesses = init_config(Path(args.data_dir), args.task, out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    decide = [(g.name, d) for g in guesses for d in g.decide]
-    try:
-        load_config(out)
-    except ConfigError as err:
-        if not decide:  # nothing left to the user, so the config should have been valid
-            out.unlink()
-            raise
-        print(f"note: {out} is not valid until the DECIDE lines are settled ({err})")
-    print(f"written: {out} ({len(guesses)} silo(s): {', '.join(g.name for g in guesses)})")
-    for silo, what in decide:
-        print(f"  DECIDE for {silo}: {what}")
-    print(f"next: fedsilo data check {out}\n      fedsilo run {out}")
-    return 0
+from fedsilo import __version__, commands
+from fedsilo.errors import ConfigWarning, FedsiloError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -298,7 +56,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--policy", action="append", metavar="SILO=FILE",
                    help="a silo's own policy (TOML, docs/privacy.md): it refuses every round that breaks a rule, "
                         "before anything leaves it; repeat per silo")
-    r.set_defaults(func=_cmd_run)
+    r.set_defaults(func=commands.cmd_run)
     dep = sub.add_parser("deploy", help="run a config on a real Flower deployment on this machine "
                                         "(SuperLink + one SuperNode per silo); everything is stopped after")
     common(dep)
@@ -306,7 +64,7 @@ def parser() -> argparse.ArgumentParser:
     dep.add_argument("--policy", action="append", metavar="SILO=FILE",
                      help="a silo's own policy (TOML, docs/privacy.md), given to its SuperNode as node config; "
                           "repeat per silo")
-    dep.set_defaults(func=_cmd_deploy)
+    dep.set_defaults(func=commands.cmd_deploy)
     st = sub.add_parser("study", help="run the variants of a study file (resumable) and compare them in one table")
     st.add_argument("study", help="a study TOML: [study], [base] (a run config), [variants.NAME] (changes)")
     st.add_argument("--out", help="study directory, one run directory per variant (default: runs/STEM)")
@@ -317,10 +75,10 @@ def parser() -> argparse.ArgumentParser:
                          "mean ± sample sd; wins over [study] seeds (default: the config's seed, once)")
     st.add_argument("--no-progress", action="store_true",
                     help="no progress bars: one plain line per finished round or variant (logs, CI)")
-    st.set_defaults(func=_cmd_study)
+    st.set_defaults(func=commands.cmd_study)
     rep = sub.add_parser("report", help="(re)write report.md and plots of a run directory")
     rep.add_argument("run_dir", help="a run directory (holding rounds.jsonl), e.g. runs/lorar-small")
-    rep.set_defaults(func=_cmd_report)
+    rep.set_defaults(func=commands.cmd_report)
     exp = sub.add_parser("export", help="write a LoRA run's adapters in peft's format (adapter_config.json + "
                                         "adapter_model.safetensors), global or one silo's own")
     exp.add_argument("run_dir", help="a run directory of a config with the lora surgery")
@@ -328,14 +86,14 @@ def parser() -> argparse.ArgumentParser:
     exp.add_argument("--silo", help="export this silo's personal adapters (its private tensors over the global ones)")
     exp.add_argument("--with-base", action="store_true", help="also save the base model (DIR/base) the adapters "
                                                               "load onto")
-    exp.set_defaults(func=_cmd_export)
+    exp.set_defaults(func=commands.cmd_export)
     cmp = sub.add_parser("compare", help="task-by-task improvement of a run over a baseline run: PIR, APIR, "
                                          "Win/Lose/Tie (the FewFedWeight paper's metrics)")
     cmp.add_argument("run", help="a finished run directory")
     cmp.add_argument("--baseline", required=True, help="a finished run directory of the same tasks (the paper: "
                                                        "Data Silo, each client alone)")
     cmp.add_argument("--tie", type=float, default=0.0, help="metric differences up to this count as ties (default 0)")
-    cmp.set_defaults(func=_cmd_compare)
+    cmp.set_defaults(func=commands.cmd_compare)
     ini = sub.add_parser("init", help="write a commented config for a folder with one sub-folder (or file) per "
                                       "silo: formats, splits and fields detected, the rest marked DECIDE")
     ini.add_argument("data_dir", help="a folder holding one sub-folder or file per silo (CSV, TSV, JSONL, or "
@@ -343,7 +101,7 @@ def parser() -> argparse.ArgumentParser:
     ini.add_argument("--task", required=True, help="the task family: translation, matching, text2sql, multitask")
     ini.add_argument("--out", default="fedsilo.toml", help="the config to write (default: fedsilo.toml)")
     ini.add_argument("--force", action="store_true", help="overwrite --out if it exists")
-    ini.set_defaults(func=_cmd_init)
+    ini.set_defaults(func=commands.cmd_init)
     d = sub.add_parser("data", help="obtain and verify a benchmark's files (pinned commit + sha256), or check "
                                     "every silo of a config (data check CONFIG)")
     from fedsilo import builtins  # noqa: F401  (registers the task plug-ins: without it TASKS is empty)
@@ -363,7 +121,7 @@ def parser() -> argparse.ArgumentParser:
                                     "then ../shared/data); else download from the public source")
     d.add_argument("--dest", help="where to put the files (default: $FEDSILO_DATA/TASK or "
                                   "~/.cache/fedsilo/data/TASK)")
-    d.set_defaults(func=_cmd_data)
+    d.set_defaults(func=commands.cmd_data)
     return p
 
 

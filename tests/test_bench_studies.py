@@ -226,7 +226,7 @@ def test_multitask_doc_keeps_the_reading(tmp_path):
 def test_multitask_runs_per_seed(tmp_path, monkeypatch):
     variants = mt.variants_of(mt.STUDY)
     assert "data_silo" in variants and not any("seed" in v for v in variants)  # the seeds are the yardstick
-    from fedsilo.runs.study import load_study
+    from fedsilo.runs.studyfile import load_study
     cfg = load_study(mt.STUDY, only=["fewfedweight"], seed=2, multi_seed=True)[1]["fewfedweight"]
     assert cfg.seed == 2 and cfg.task.sample_seeds == [102]  # a seed draws another few-shot sample too
     calls = []

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import fedsilo
-from fedsilo import cli
+from fedsilo import commands
 from fedsilo.cli import main, parser
 from fedsilo.engines.flower import deploy
 from fedsilo.engines.flower.deploy import DeploymentError, LocalDeployment, RoundsPrinter
@@ -169,7 +169,7 @@ def test_unknown_choice_is_a_user_error(monkeypatch, capsys):
     def unknown(args):
         Registry("weighting policy").get("lorax")
 
-    monkeypatch.setattr(cli, "_cmd_report", unknown)
+    monkeypatch.setattr(commands, "cmd_report", unknown)
     assert main(["report", "anything"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("fedsilo: error: ") and "'lorax' is not a known weighting policy" in err
@@ -245,7 +245,7 @@ def test_deploy_cli_resolves_a_relative_out(tmp_path, monkeypatch, capsys):
     raw = tiny_config(Path("data"), federation={"rounds": 1})
     Path("exp.toml").write_text(toml_of(raw))
     monkeypatch.setattr(deploy, "LocalDeployment", FakeDeployment)
-    monkeypatch.setattr(cli, "_report", lambda out, show=True: Path(out) / "report.md")
+    monkeypatch.setattr(commands, "_report", lambda out, show=True: Path(out) / "report.md")
     assert main(["deploy", "exp.toml", "--out", "runs/dep", "--no-progress"]) == 0, capsys.readouterr().err
     seen = FakeDeployment.seen
     assert seen["out"] == tmp_path / "runs" / "dep"
@@ -416,7 +416,7 @@ def test_deploy_makes_local_paths_absolute_for_flowers_processes(tmp_path, monke
     from fedsilo.config import validate
     monkeypatch.chdir(tmp_path)
     (tmp_path / "generic").mkdir()
-    cfg = cli.absolute_config(validate({"task": {"data_dir": "data"}, "model": {"init_from": "generic/best.pt"}}))
+    cfg = commands.absolute_config(validate({"task": {"data_dir": "data"}, "model": {"init_from": "generic/best.pt"}}))
     assert cfg.task.data_dir == str(tmp_path / "data")
     assert cfg.model.init_from == str(tmp_path / "generic" / "best.pt")
 

@@ -117,7 +117,7 @@ def test_data_command_with_corrupt_mirror(tmp_path, capsys):
 def test_a_stop_signal_wrapped_by_a_library_still_ends_as_a_stop(monkeypatch, capsys, tmp_path):
     """torch turns an exception raised inside its C++ call (a SIGTERM landing in torch.save) into a
     RuntimeError; the command still ends as terminated (143) or interrupted (130), no traceback."""
-    from fedsilo import cli
+    from fedsilo import cli, commands
 
     for stop, code, line in ((cli.Terminated(), 143, "terminated (SIGTERM)"), (KeyboardInterrupt(), 130, "interrupted")):
         def wrapped(args, stop=stop):
@@ -125,12 +125,12 @@ def test_a_stop_signal_wrapped_by_a_library_still_ends_as_a_stop(monkeypatch, ca
                 raise stop
             except BaseException as inner:
                 raise RuntimeError("torch: an exception was raised in a callback") from inner
-        monkeypatch.setattr(cli, "_cmd_report", wrapped)
+        monkeypatch.setattr(commands, "cmd_report", wrapped)
         assert cli.main(["report", str(tmp_path)]) == code
         assert capsys.readouterr().err.startswith(f"fedsilo: {line}")
 
     def broken(args):
         raise RuntimeError("a real bug")
-    monkeypatch.setattr(cli, "_cmd_report", broken)
+    monkeypatch.setattr(commands, "cmd_report", broken)
     with pytest.raises(RuntimeError, match="a real bug"):
         cli.main(["report", str(tmp_path)])

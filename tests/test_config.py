@@ -47,7 +47,7 @@ def test_shipped_experiment_configs_are_valid():
     assert len(paths) >= 3
     for path in paths:
         if "[study]" in path.read_text():  # a study: a base config and its variants
-            from fedsilo.runs.study import load_study
+            from fedsilo.runs.studyfile import load_study
             assert load_study(path)[1]
         else:
             load_config(path)

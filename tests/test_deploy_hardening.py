@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from fedsilo import cli
+from fedsilo import commands
 from fedsilo.cli import main
 from fedsilo.engines.flower import deploy
 from fedsilo.runs import flower as server_app
@@ -82,7 +82,7 @@ def test_deploy_cli_reads_the_data_where_it_is_and_hands_over_its_lock(tmp_path,
     nothing is stale); each run is submitted with the token of the lock the command holds."""
     FakeDeployment.runs = []
     monkeypatch.setattr(deploy, "LocalDeployment", FakeDeployment)
-    monkeypatch.setattr(cli, "_report", lambda out, show=True: Path(out) / "report.md")
+    monkeypatch.setattr(commands, "_report", lambda out, show=True: Path(out) / "report.md")
     config = write_experiment(tmp_path, rounds=1)
     argv = ["deploy", str(config), "--out", str(tmp_path / "run"), "--no-progress"]
     data = tmp_path / "data"

@@ -13,7 +13,7 @@ import torch
 
 from fedsilo.cli import main
 from fedsilo.config import ConfigError, load_config, validate
-from fedsilo.runs.study import load_study
+from fedsilo.runs.studyfile import load_study
 from tests.test_bad_input import fails, toy_file
 from tests.test_plugins import rounds_of, toy_config
 from tests.test_study import STUDY

@@ -30,10 +30,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("server", ("fedsilo.server",)),
     ("config", ("fedsilo.config", "fedsilo.builtins")),
     ("rundir", ("fedsilo.rundir",)),
-    ("recipe", ("fedsilo.recipe",)),
+    ("recipe", ("fedsilo.recipe", "fedsilo.features")),
     ("engines", ("fedsilo.engines",)),
     ("runs", ("fedsilo.runs",)),
-    ("cli", ("fedsilo.cli", "fedsilo.__main__")),
+    ("cli", ("fedsilo.cli", "fedsilo.commands", "fedsilo.__main__")),
 ]
 RANK = {prefix: i for i, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes}
 ROOT = "fedsilo"

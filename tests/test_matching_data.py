@@ -12,17 +12,11 @@ import pytest
 
 from fedsilo import datafetch
 from fedsilo.datafetch import DataChangedWarning, DataError
-from fedsilo.tasks.matching import data as mdata
+from fedsilo.tasks.matching import benchmark as mdata
+from fedsilo.tasks.matching.benchmark import load_silo, required_files, verify_data_dir
 from fedsilo.tasks.matching.bm25 import Bm25Index, tokenize, top_k
-from fedsilo.tasks.matching.data import (
-    DISPLAY,
-    SILOS,
-    SPLITS,
-    Question,
-    load_silo,
-    required_files,
-    verify_data_dir,
-)
+from fedsilo.tasks.matching.plugin import DISPLAY, SILOS
+from fedsilo.tasks.matching.questions import SPLITS, Question
 
 # The real data beside the project; tests that need it skip without it.
 QA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "qa"

@@ -176,7 +176,7 @@ def test_evaluation_equals_scoring_each_pair_alone(task_and_model):
 
 def test_bm25_reference_ranks_by_bm25_over_the_silo_pool(task_and_model):
     from fedsilo.tasks.matching.bm25 import Bm25Index
-    from fedsilo.tasks.matching.data import load_silo
+    from fedsilo.tasks.matching.benchmark import load_silo
     task, _ = task_and_model
     raw = load_silo(QA, "wikiqa", 5)
     texts = list(dict.fromkeys(c for s in ("train", "dev", "test") for q in raw[s] for c in q.candidates))
@@ -190,7 +190,7 @@ def test_bm25_reference_ranks_by_bm25_over_the_silo_pool(task_and_model):
 
 
 def split_of(study: str, variant: str, names: list[str]) -> list[str]:
-    from fedsilo.runs.study import load_study
+    from fedsilo.runs.studyfile import load_study
     _, configs = load_study(Path(__file__).resolve().parents[1] / "experiments" / "qa" / study, only=[variant])
     return exchange_plan(configs[variant]).split(names)[1]
 

@@ -14,7 +14,7 @@ from fedsilo import cli
 from fedsilo.config import ConfigError, load_config, to_toml, validate
 from fedsilo.errors import ConfigWarning
 from fedsilo.rundir.layout import RunDir, config_hash
-from fedsilo.runs.study import load_study
+from fedsilo.runs.studyfile import load_study
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -19,8 +19,9 @@ from fedsilo.errors import DataError
 from fedsilo.runs.datareport import inspect_silos
 from fedsilo.sources.load import all_problems, load_rows
 from fedsilo.tasks import TASKS
-from fedsilo.tasks.matching.data import Question, inspect_silo, own_questions, silo_questions
+from fedsilo.tasks.matching.data import inspect_silo, own_questions, silo_questions
 from fedsilo.tasks.matching.plugin import RankingSource
+from fedsilo.tasks.matching.questions import Question
 from fedsilo.tasks.multitask.metrics import metric_of
 from fedsilo.tasks.text2sql.data import load_silo as load_sql_silo
 from fedsilo.tasks.text2sql.data import normalise_sql, own_schema, silo_database, silo_examples

@@ -20,7 +20,7 @@ def test_the_recipes_are_found():
 @pytest.mark.parametrize("path", PAPER, ids=lambda p: p.relative_to(EXPERIMENTS).as_posix())
 def test_each_recipe_validates(path):
     if "[study]" in path.read_text():
-        from fedsilo.runs.study import load_study
+        from fedsilo.runs.studyfile import load_study
         assert load_study(path)[1]
     else:
         assert load_config(path).federation.rounds > 0
@@ -49,7 +49,7 @@ def test_multitask_paper_is_the_fewfedweight_recipe():
 
 
 def test_multitask_study_uses_the_papers_personal_coefficient():
-    from fedsilo.runs.study import load_study
+    from fedsilo.runs.studyfile import load_study
 
     _, configs = load_study(EXPERIMENTS / "multitask" / "study.toml")
     personal = {name: cfg.client.regularizers["personal"] for name, cfg in configs.items()

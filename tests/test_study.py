@@ -7,8 +7,10 @@ import pytest
 
 from fedsilo.cli import main
 from fedsilo.config import ConfigError
-from fedsilo.runs.study import (beyond_spread, claim, comparison_table, deep_merge, load_study, mean_sd, parse_seeds,
-                                run_study, seeded)
+from fedsilo.runs.overall import comparison_table
+from fedsilo.runs.spread import beyond_spread, claim, mean_sd
+from fedsilo.runs.study import run_study
+from fedsilo.runs.studyfile import deep_merge, load_study, parse_seeds, seeded
 
 STUDY = '''
 [study]
@@ -242,7 +244,7 @@ def fake(values, spec=SPEC):
 
 def test_overall_is_taken_over_the_silos_every_line_has():
     """A line on two silos beside three-silo lines: Overall over those two in every line, and a note says so."""
-    from fedsilo.runs.study import comparison
+    from fedsilo.runs.overall import comparison
     lines = {"bm25 (no training)": fake({"alpha": 0.5, "beta": 0.3, "gamma": 0.4}),
              "fedavg": [fake({"alpha": 0.6, "beta": 0.2, "gamma": 0.9}),
                         fake({"alpha": 0.8, "beta": 0.4, "gamma": 0.1})],
@@ -267,7 +269,8 @@ def test_overall_is_taken_over_the_silos_every_line_has():
 
 
 def test_no_common_silo_marks_each_line_and_judges_nothing():
-    from fedsilo.runs.study import claim_lines, comparison
+    from fedsilo.runs.overall import comparison
+    from fedsilo.runs.spread import claim_lines
     got = comparison({"news": [fake({"alpha": 0.8}), fake({"alpha": 0.6})],
                       "law": [fake({"beta": 0.2}), fake({"beta": 0.4})]}, ["map"])
     assert got["table"][1][-1] == f"0.7000 ± {statistics.stdev([0.8, 0.6]):.4f} †"  # its own mean, marked
@@ -330,7 +333,7 @@ def test_a_study_on_different_silos_compares_over_the_common_ones(tmp_path, monk
 def test_a_study_takes_a_run_config_file_as_its_base(tmp_path):
     """`[study] config`: the file `fedsilo init` wrote is the base (its paths relative to its own
     folder), [base] changes it, each variant changes that."""
-    from fedsilo.runs.study import load_study
+    from fedsilo.runs.studyfile import load_study
 
     (tmp_path / "cfg").mkdir()
     (tmp_path / "cfg" / "qa.toml").write_text(

@@ -57,12 +57,12 @@ def _spec():
 
 
 def _verify(settings: MatchingSettings, data_dir) -> None:
-    from .data import verify_data_dir
+    from .benchmark import verify_data_dir
     verify_data_dir([s for s in settings.silos if not settings.own_source(s)], data_dir)
 
 
 def _silo_files(settings: MatchingSettings, silo: str) -> list[str]:
-    from .data import required_files
+    from .benchmark import required_files
     return [] if settings.own_source(silo) else required_files([silo])
 
 

@@ -14,12 +14,14 @@ from pathlib import Path
 
 import torch
 
+from fedsilo.errors import DataError
 from fedsilo.tasks.base import fixed_subsample, pool
 from fedsilo.tasks.tokens import attention_mask, pad_rows
 
-from .data import DataError, Question, silo_questions
+from .data import silo_questions
 from .metrics import SPEC, question_stats
 from .plugin import MatchingSettings
+from .questions import Question
 
 __all__ = ["MatchingTask", "Triple", "triples"]
 
