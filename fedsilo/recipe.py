@@ -127,7 +127,7 @@ def client_recipe(cfg: RunConfig, name: str, index: int, plan: ExchangePlan, dp:
     mask = None
     if f.secure_aggregation is not None:
         weighting = WEIGHTINGS.get(f.weighting)
-        mask = SecureMask.factory(weighting, f.weighting_stat or weighting.reads)
+        mask = SecureMask.factory(weighting, f.weighting_stat or weighting.reads, plan.upload_transforms)
     release = None
     if dp is not None:  # each silo's share of the noise in distributed mode: σ·C/√m for m silos a round
         release = SiloRelease(dp.clip, 0.0 if dp.central else dp.noise_multiplier * dp.clip / math.sqrt(

@@ -49,6 +49,7 @@ class ToyRankSettings(TaskSettings):
     name: Literal["toyrank"] = "toyrank"
     silos: list[str] = Field(default_factory=lambda: list(SILOS))
     n_train: int = Field(24, gt=0, description="train questions per silo")
+    n_train_of: dict[str, int] = Field(default_factory=dict, description="a silo's own n_train (uneven sizes)")
     n_eval: int = Field(8, gt=0, description="dev and test questions per silo")
     seed_data: int = Field(0, ge=0)
 
@@ -173,7 +174,8 @@ class ToyRankTask:
         self.settings = settings
         self.tokenizer = tokenizer
         self.splits: dict[str, dict[str, list[Question]]] = {
-            silo: {split: make_questions(silo, split, settings.n_train if split == "train" else settings.n_eval,
+            silo: {split: make_questions(silo, split, settings.n_train_of.get(silo, settings.n_train) if split == "train"
+                                               else settings.n_eval,
                                          settings.seed_data) for split in SPLITS}
             for silo in settings.silos}
 

@@ -209,23 +209,38 @@ def _decode(codec: Codec, wire: Tensors, reference: Tensors, options: Compressio
     return out
 
 
-def _register(name: str, codec: Codec, settings: type[CompressionSettings]) -> None:
-    UPLOAD_TRANSFORMS.add(name, UploadTransform(partial(_encode, codec), partial(_decode, codec),
-                                                needs_reference=True), settings)
-
-
-_register("fp16", Codec(("",), _to_fp16, _from_fp16), CompressionSettings)
-_register("bf16", Codec(("",), _to_bf16, _from_bf16), CompressionSettings)
-_register("int8", Codec(("", "scale"), _to_int8, _from_int8), Int8Settings)
-_register("topk", Codec(("", "index"), _to_topk, _from_topk), TopkSettings)
-
-
 # Download: the server's values themselves, coded the same way (no reference the client is sure to hold,
 # so no Δ and no error feedback); the client decodes them before it starts from them.
 DOWNLOAD_CODECS: Registry[Codec] = Registry("download codec")
-DOWNLOAD_CODECS.add("fp16", Codec(("",), _to_fp16, _from_fp16))
-DOWNLOAD_CODECS.add("bf16", Codec(("",), _to_bf16, _from_bf16))
-DOWNLOAD_CODECS.add("int8", Codec(("", "scale"), _to_int8, _from_int8), BlockSettings)
+
+
+def register_codec(name: str, parts: tuple[str, ...], compress: Callable[[torch.Tensor, Any], Tensors],
+                   expand: Callable[[str, Tensors, int, Any], torch.Tensor],
+                   settings: type[CompressionSettings] = CompressionSettings,
+                   download: bool | type[BaseModel] = False) -> Codec:
+    """A codec as `exchange.upload_transforms = [{name = NAME, …}]` (and, with `download`, as
+    `exchange.download_transforms`: True takes no options there, a settings class takes its own).
+
+    `compress(u, options) -> {part: tensor}` codes one flat update u (float32, or float64); the part ""
+    travels under the tensor's own name, every other under `<tensor>::<part>` (the seam names them; a
+    codec never sees a wire name). `expand(tensor, parts, n, options)` decodes n values, a ValueError
+    naming `tensor` when the parts do not fit. What comes for free: Δ against what the silo received,
+    error feedback (`error_feedback`, the residual kept in the silo's store, so a resume continues it),
+    the server's decode against its own values, bytes counted from the wire, and under secure
+    aggregation the silo's own decode before the mask (nothing is saved then: the mask's vector travels).
+    `settings`: the codec's options, a CompressionSettings subclass (error_feedback is its own)."""
+    codec = Codec(tuple(parts), compress, expand)
+    UPLOAD_TRANSFORMS.add(name, UploadTransform(partial(_encode, codec), partial(_decode, codec),
+                                                needs_reference=True), settings)
+    if download:
+        DOWNLOAD_CODECS.add(name, codec, None if download is True else download)
+    return codec
+
+
+register_codec("fp16", ("",), _to_fp16, _from_fp16, download=True)
+register_codec("bf16", ("",), _to_bf16, _from_bf16, download=True)
+register_codec("int8", ("", "scale"), _to_int8, _from_int8, Int8Settings, download=BlockSettings)
+register_codec("topk", ("", "index"), _to_topk, _from_topk, TopkSettings)
 
 
 def encode_values(codec: Policy[Codec], values: Tensors) -> Tensors:

@@ -25,10 +25,6 @@ def check(recipe) -> str | None:
     if plan.download_transforms:
         return ("exchange.download_transforms cannot run with federation.secure_aggregation: each silo's masked "
                 f"update is taken against the coded values it received, the mean against the server's own ({WHY})")
-    decoded = [p.name for p in plan.upload_transforms if p.value.decode is not None]
-    if decoded:
-        return (f"exchange.upload_transforms: {decoded[0]!r} is undone on the server per silo, which "
-                f"federation.secure_aggregation does not allow ({WHY})")
     if not recipe.server.aggregation.value.weighted:
         return (f"federation.aggregation = {cfg.federation.aggregation!r} needs every update apart (a coordinate-"
                 f"wise robust rule); {WHY}: use aggregation = \"mean\"")

@@ -14,28 +14,31 @@ from fedsilo.core.masking import Layout, mean_from_sum, weighted_vector
 from fedsilo.core.messages import ClientUpdate
 from fedsilo.core.rounds import Outcome, Pending
 from fedsilo.core.tensors import Tensors
+from fedsilo.core.transforms import decode
 from fedsilo.core.weighting import WeightingPolicy
 
 
 @dataclasses.dataclass(frozen=True)
 class SecureMask:
     """The silo's side: its weighted update as one vector for the mask; its weight and every loss statistic
-    stay inside it."""
+    stay inside it. A codec's wire is decoded here, on the silo, against what it received: the server
+    could only undo it per silo, and it never holds one silo's update."""
     layout: Layout
     policy: WeightingPolicy
     statistic: str | None   # what the weighting reads (None: nothing)
+    chain: tuple = ()       # the plan's upload transforms (a codec's decode runs here)
 
     @classmethod
-    def factory(cls, policy: WeightingPolicy, statistic: str | None):
+    def factory(cls, policy: WeightingPolicy, statistic: str | None, chain: tuple = ()):
         """(model, shared names) -> the mask, once the silo's model is built."""
         def make(model: torch.nn.Module, shared: Sequence[str]) -> "SecureMask":
-            return cls(Layout.of(dict(model.named_parameters()), shared, policy), policy, statistic)
+            return cls(Layout.of(dict(model.named_parameters()), shared, policy), policy, statistic, chain)
         return make
 
     def __call__(self, update: ClientUpdate, received: Tensors) -> ClientUpdate:
         value = update.statistic(self.statistic) if self.statistic else math.nan
-        delta = {k: update.tensors[k].double() - received[k].double() for k in self.layout.names
-                 if k in update.tensors}
+        values = decode(self.chain, update.tensors, received)
+        delta = {k: values[k].double() - received[k].double() for k in self.layout.names if k in values}
         vector = weighted_vector(delta, update.n_examples, value, self.policy, self.layout)
         # what the transforms did stays inside too: a clip's record holds the update's norm
         return dataclasses.replace(update, tensors={}, losses=[], delta_loss=math.nan, mean_loss=math.nan, terms={},
