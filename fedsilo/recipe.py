@@ -8,8 +8,7 @@ build through these functions, so they start from the same model, surgery, plan 
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -37,13 +36,13 @@ from fedsilo.core.server_opt import ServerOptimizer
 from fedsilo.core.transforms import SILO_CHECKS, UPLOAD_TRANSFORMS
 from fedsilo.core.weighting import WEIGHTINGS
 from fedsilo.errors import ConfigError
-from fedsilo.features import RECIPE_CHECKS
+from fedsilo.features import RECIPE_CHECKS, ROUND_STAGES
+from fedsilo.features.silo_dp import release as silo_dp_release
 from fedsilo.models import MODEL_KINDS, SURGERIES
 from fedsilo.models.lora import lora_settings
 from fedsilo.models.precision import check_precision, set_tf32
-from fedsilo.privacy.accountant import Budget, noise_for
 from fedsilo.privacy.secure_stages import SecureMask, secure_sum_round
-from fedsilo.privacy.silo_dp import SiloDP, SiloDPStage, SiloRelease
+from fedsilo.privacy.silo_dp import SiloRelease
 from fedsilo.rundir.layout import init_tensors
 from fedsilo.server import Server, ServerRecipe, mean_round
 from fedsilo.tasks import TASKS
@@ -70,9 +69,9 @@ def build_recipe(cfg: RunConfig, source: str = "config") -> Recipe:
     """Every policy the config names, resolved once; then every feature's check on the whole (a
     combination that cannot hold is one ConfigError naming its keys, after `source`)."""
     plan = exchange_plan(cfg)
-    dp = silo_dp(cfg) if cfg.federation.silo_dp is not None else None
-    recipe = Recipe(cfg, server_recipe(cfg, plan, dp),
-                    {name: client_recipe(cfg, name, i, plan, dp) for i, name in enumerate(member_names(cfg))})
+    release = silo_dp_release(cfg)
+    recipe = Recipe(cfg, server_recipe(cfg, plan),
+                    {name: client_recipe(cfg, name, i, plan, release) for i, name in enumerate(member_names(cfg))})
     for check in RECIPE_CHECKS:
         problem = RECIPE_CHECKS.get(check)(recipe)
         if problem:
@@ -92,17 +91,17 @@ def exchange_plan(cfg: RunConfig) -> ExchangePlan:
                         DOWNLOAD_CODECS.resolve_chain(x.download_transforms, "exchange.download_transforms"))
 
 
-def server_recipe(cfg: RunConfig, plan: ExchangePlan, dp: SiloDP | None) -> ServerRecipe:
-    """The server's parts: optimiser, weighting, aggregation and its limits, and the stages around it."""
+def server_recipe(cfg: RunConfig, plan: ExchangePlan) -> ServerRecipe:
+    """The server's parts: optimiser, weighting, aggregation and its limits, and the stages around it
+    (each registered ROUND_STAGES entry the config asks for; a stage may switch per-update limits off)."""
     s, f = cfg.server, cfg.federation
     weighting = WEIGHTINGS.resolve(f.weighting)
     limits = Limits(f.max_client_weight, _on(f.max_weight_ratio), f.clip_norm, _on(f.max_update_ratio),
                     _on(f.max_step_ratio))
-    stages = ()
-    if dp is not None:  # the sensitivity bound covers one clipped update each, nothing set by the others
-        limits = replace(limits, max_client_weight=None, max_weight_ratio=None, max_update_ratio=None,
-                         clip_norm=dp.clip if dp.central else None)
-        stages = (SiloDPStage(dp, weighting.value.public_weight),)
+    built = (ROUND_STAGES.get(name)(cfg, weighting) for name in ROUND_STAGES)
+    stages = tuple(stage for stage in built if stage is not None)
+    for stage in stages:
+        limits = stage.limits(limits)
     return ServerRecipe(
         ServerOptimizer(s.optimizer, s.effective_lr, s.momentum, s.beta1, s.beta2, s.tau, v0=s.v0,
                         bias_correction=s.bias_correction),
@@ -112,15 +111,8 @@ def server_recipe(cfg: RunConfig, plan: ExchangePlan, dp: SiloDP | None) -> Serv
         _merge_scaling(cfg))
 
 
-def silo_dp(cfg: RunConfig) -> SiloDP:
-    """The federation's silo-level DP: σ given, or derived from the target over federation.rounds."""
-    dp = cfg.federation.silo_dp
-    sigma = dp.noise_multiplier or noise_for(dp.target_epsilon, dp.delta, 1.0, cfg.federation.rounds)
-    return SiloDP(dp.central, dp.clip, sigma, Budget(sigma, 1.0, dp.delta, dp.target_epsilon),
-                  seed=cfg.seed if dp.seeded else None)
-
-
-def client_recipe(cfg: RunConfig, name: str, index: int, plan: ExchangePlan, dp: SiloDP | None) -> ClientRecipe:
+def client_recipe(cfg: RunConfig, name: str, index: int, plan: ExchangePlan, release: SiloRelease | None
+                  ) -> ClientRecipe:
     """One participant's parts (`name`: a silo, or "pooled")."""
     c = cfg.client_config(name) if name != "pooled" else cfg.client
     f = cfg.federation
@@ -128,10 +120,6 @@ def client_recipe(cfg: RunConfig, name: str, index: int, plan: ExchangePlan, dp:
     if f.secure_aggregation is not None:
         weighting = WEIGHTINGS.get(f.weighting)
         mask = SecureMask.factory(weighting, f.weighting_stat or weighting.reads, plan.upload_transforms)
-    release = None
-    if dp is not None:  # each silo's share of the noise in distributed mode: σ·C/√m for m silos a round
-        release = SiloRelease(dp.clip, 0.0 if dp.central else dp.noise_multiplier * dp.clip / math.sqrt(
-            cfg.silos_per_round), f.silo_dp.seeded)
     lora = lora_settings(cfg.model)
     return silo_recipe(c, plan, index, f.rounds, release=release, mask=mask, persist_optimizer=cfg.persist_optimizer,
                        token_cache=default_cache_dir() if cfg.engine.token_cache else None,

@@ -81,3 +81,68 @@ def test_the_user_weighting_is_accounted_under_silo_level_dp_by_its_public_weigh
     with pytest.raises(Exception, match="federation.weighting = 'user-sqrt' cannot be accounted"):
         toy_config(task={"n_train_of": SIZES}, federation={"weighting": "user-sqrt",
                                                            "silo_dp": {**dp, "mode": "distributed"}})
+
+
+class NormCap:
+    """A user's stage around the server's aggregation (fedsilo.server.RoundStage): the round's aggregate Δ
+    scaled down to at most `max_norm`; how often it bit is its state, kept in the checkpoint."""
+    state_key = "norm_cap"
+
+    def __init__(self, max_norm: float) -> None:
+        self.max_norm, self.capped = max_norm, 0
+
+    def wrap(self, inner, round_idx, sampled, registered):
+        stage = self
+
+        class Capped:
+            def __getattr__(self, name):  # whatever else the inner aggregation offers (a secure sum)
+                return getattr(inner, name)
+
+            def add(self, pending, entry):
+                inner.add(pending, entry)
+
+            def finish(self, records):
+                out = inner.finish(records)
+                if out.delta is not None:
+                    norm = math.sqrt(sum(float(t.double().square().sum()) for t in out.delta.values()))
+                    if norm > stage.max_norm:
+                        out.delta = {k: t * (stage.max_norm / norm) for k, t in out.delta.items()}
+                        stage.capped += 1
+                    out.tail["norm_cap"] = {"norm": norm, "max_norm": stage.max_norm}
+                return out
+        return Capped()
+
+    def refuses(self, round_idx):
+        return None
+
+    def limits(self, limits):
+        return limits
+
+    def state_dict(self) -> str:
+        return str(self.capped)
+
+    def load_state_dict(self, state) -> None:
+        self.capped = int(state or 0)
+
+
+def test_a_user_stage_around_the_aggregation_is_one_registered_entry(tmp_path):
+    from fedsilo.features import ROUND_STAGES
+
+    cap = NormCap(1e-3)
+    if "user-norm-cap" not in ROUND_STAGES:
+        ROUND_STAGES.add("user-norm-cap", lambda cfg, weighting: STAGES.get(cfg.name))
+    STAGES["capped"] = cap
+    for secure in (False, True):
+        cap.capped = 0
+        cfg = toy_config(name="capped", engine={"workers": 1}, federation={
+            "rounds": 2, **({"secure_aggregation": {}} if secure else {})})
+        out = tmp_path / f"secure-{secure}"
+        run_experiment(cfg, out, show_progress=False)
+        rounds = rounds_of(out)
+        assert [r["norm_cap"]["max_norm"] for r in rounds] == [1e-3, 1e-3]
+        assert all(r["norm_cap"]["norm"] > 1e-3 for r in rounds) and cap.capped == 2
+        assert torch.load(out / "checkpoint.pt", weights_only=False)["server"]["norm_cap"] == "2"
+    STAGES.pop("capped")
+
+
+STAGES: dict = {}

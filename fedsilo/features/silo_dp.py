@@ -2,7 +2,11 @@
 shared tensor (fedsilo.privacy.silo_dp)."""
 from __future__ import annotations
 
+import math
+
 from fedsilo.core.weighting import WEIGHTINGS
+from fedsilo.privacy.accountant import Budget, noise_for
+from fedsilo.privacy.silo_dp import SiloDP, SiloDPStage, SiloRelease
 
 from .common import changed_limits
 
@@ -41,3 +45,29 @@ def check(recipe) -> str | None:
                 "(an update clipped against what it received, one denominator for all)")
     return changed_limits(cfg, "federation.silo_dp", "it would change a silo's update or weight by the others', which "
                           "the sensitivity bound does not cover (federation.silo_dp.clip bounds each update)")
+
+
+def mechanism(cfg) -> SiloDP | None:
+    """The federation's silo-level DP: σ given, or derived from the target over federation.rounds."""
+    dp = cfg.federation.silo_dp
+    if dp is None:
+        return None
+    sigma = dp.noise_multiplier or noise_for(dp.target_epsilon, dp.delta, 1.0, cfg.federation.rounds)
+    return SiloDP(dp.central, dp.clip, sigma, Budget(sigma, 1.0, dp.delta, dp.target_epsilon),
+                  seed=cfg.seed if dp.seeded else None)
+
+
+def server_stage(cfg, weighting) -> SiloDPStage | None:
+    """The stage around the server's aggregation (fixed denominator, central noise, the accountant)."""
+    dp = mechanism(cfg)
+    return SiloDPStage(dp, weighting.value.public_weight) if dp is not None else None
+
+
+def release(cfg) -> SiloRelease | None:
+    """A silo's side: its update clipped, and in distributed mode its share of the noise, σ·C/√m for m
+    silos a round."""
+    dp = mechanism(cfg)
+    if dp is None:
+        return None
+    return SiloRelease(dp.clip, 0.0 if dp.central else dp.noise_multiplier * dp.clip / math.sqrt(
+        cfg.silos_per_round), dp.seed is not None)

@@ -20,6 +20,7 @@ replacement, which Opacus's Poisson accountant does not model, and no amplificat
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -146,6 +147,12 @@ class SiloDPStage:
 
     def refuses(self, round_idx: int) -> str | None:
         return self.dp.refuses(round_idx)
+
+    def limits(self, limits):
+        """The sensitivity bound covers one clipped update each, nothing set by the others' updates: the
+        plain path's per-update limits are off (central mode clips on arrival to C)."""
+        return dataclasses.replace(limits, max_client_weight=None, max_weight_ratio=None, max_update_ratio=None,
+                                   clip_norm=self.dp.clip if self.dp.central else None)
 
     def state_dict(self) -> str:
         return json.dumps(self.dp.budget.to_meta())
