@@ -12,6 +12,7 @@ from fedsilo.config import RunConfig
 from fedsilo.rundir.datacheck import task_inspections
 from fedsilo.sources.check import Item, SiloCheck, inspect_items
 from fedsilo.tasks import TASKS
+from fedsilo.tasks.base import LengthChecks
 
 SPLITS = ("train", "dev", "test")
 
@@ -38,7 +39,7 @@ def add_lengths(cfg: RunConfig, checks: list[SiloCheck]) -> None:
 
     _, tokenizer = build_model(cfg)
     task = build_task(cfg, tokenizer, [c.name for c in checks])
-    if not hasattr(task, "length_checks"):
+    if not isinstance(task, LengthChecks):
         return
     for c in checks:
         c.lengths = task.length_checks(c.name)

@@ -194,6 +194,13 @@ class CrossDomain(Protocol):
 
 
 @runtime_checkable
+class LengthChecks(Protocol):
+    """A task that reports its silos' token lengths against the model's limits (`fedsilo data check`)."""
+    def length_checks(self, client: str) -> list:
+        """One `sources.check.Lengths` per text field of the client's examples, as the model reads them."""
+
+
+@runtime_checkable
 class WithReferences(Protocol):
     """A task that scores untrained reference systems (BM25) beside the trained models."""
     reference_names: list[str]
