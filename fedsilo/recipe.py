@@ -28,7 +28,7 @@ from fedsilo.client.trainers import DPSGDTrainer, PlainTrainer
 from fedsilo.config import RunConfig, saved_tokenizer
 from fedsilo.config import TOKENIZER_DIR as _TOKENIZER_DIR
 from fedsilo.core.aggregate import AGGREGATIONS
-from fedsilo.core.compression import DOWNLOAD_CODECS
+from fedsilo.core.compression import DOWNLOAD_CODECS, SEP
 from fedsilo.core.exchange import DOWNLOADS, OVERWRITES, SELECTORS, ExchangePlan, matches
 from fedsilo.core.lora import LORA_AGGREGATIONS
 from fedsilo.core.rounds import Limits
@@ -184,6 +184,10 @@ def build_task(cfg: RunConfig, tokenizer, clients: list[str] | None = None):
 def check_plan(model: torch.nn.Module, plan: ExchangePlan) -> None:
     """Globs that match no tensor are a config mistake, not a silent no-op."""
     names = list(federated_parameters(model))
+    clash = next((n for n in names if SEP in n), None)
+    if clash is not None:  # the wire names a codec's side parts `<tensor>::<part>`
+        raise ConfigError(f"model: the tensor name {clash!r} holds {SEP!r}, which the exchange's wire reserves "
+                          "for a codec's parts; rename the module")
     for key, patterns in (("exchange.shared", plan.shared), ("exchange.private", plan.private)):
         for p in patterns:
             if not any(matches(n, [p]) for n in names):

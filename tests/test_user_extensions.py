@@ -146,3 +146,15 @@ def test_a_user_stage_around_the_aggregation_is_one_registered_entry(tmp_path):
 
 
 STAGES: dict = {}
+
+
+def test_the_wire_naming_is_the_seams_a_tensor_name_holding_it_is_refused():
+    from fedsilo.config import ConfigError
+    from fedsilo.core.exchange import ExchangePlan
+    from fedsilo.recipe import check_plan
+
+    model = torch.nn.Module()
+    model.add_module("head::v2", torch.nn.Linear(2, 2))
+    with pytest.raises(ConfigError, match=r"'head::v2.weight' holds '::'"):
+        check_plan(model, ExchangePlan())
+    check_plan(torch.nn.Sequential(torch.nn.Linear(2, 2)), ExchangePlan())  # an ordinary name passes

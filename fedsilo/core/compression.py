@@ -46,7 +46,7 @@ from fedsilo.registry import Policy, Registry
 from .tensors import Tensors, nbytes
 from .transforms import UPLOAD_TRANSFORMS, TransformContext, UploadTransform
 
-SEP = "::"  # `<name>::<part>` names a side tensor; a tensor name never contains it
+SEP = "::"  # `<name>::<part>` names a side tensor; a model whose tensor names hold it is refused (recipe.check_plan)
 
 
 class CompressionSettings(BaseModel):
