@@ -118,12 +118,10 @@ def build_seq2seq(cfg: ModelConfig, seed: int = 0, task_tokenizer=None) -> tuple
 def _build(cfg: ModelConfig, task_tokenizer=None) -> tuple[PreTrainedModel, object]:
     if cfg.name is None:  # the task's default was not filled in: the small built-in one
         cfg = cfg.model_copy(update={"name": "tiny-t5"})
-    if cfg.name == "transformer":
-        tokenizer = (task_tokenizer() if task_tokenizer else None) or AutoTokenizer.from_pretrained(str(minilm_path()))
-        model = _transformer(cfg, tokenizer)
-    elif cfg.name in BUILTIN:
-        tokenizer = AutoTokenizer.from_pretrained(str(minilm_path()))
-        model = _tiny_t5(cfg, tokenizer) if cfg.name == "tiny-t5" else _minilm2bert(cfg, tokenizer)
+    if cfg.name in BUILTIN:
+        tokenizer_of, build = _BUILT_IN[cfg.name]
+        tokenizer = tokenizer_of(task_tokenizer)
+        model = build(cfg, tokenizer)
     else:
         path = Path(cfg.name).expanduser()
         if not path.is_dir():
@@ -134,6 +132,21 @@ def _build(cfg: ModelConfig, task_tokenizer=None) -> tuple[PreTrainedModel, obje
         except (OSError, ValueError) as err:
             raise ConfigError(f"model.name: cannot load a seq2seq checkpoint from {path}: {err}") from None
     return model, tokenizer
+
+
+def _minilm_tokenizer(task_tokenizer=None):
+    return AutoTokenizer.from_pretrained(str(minilm_path()))
+
+
+def _task_tokenizer_else_minilm(task_tokenizer=None):
+    """The task's own tokenizer (translation fits one), else MiniLM's."""
+    return (task_tokenizer() if task_tokenizer else None) or _minilm_tokenizer()
+
+
+# A built-in model's name → (its tokenizer, its builder from that tokenizer).
+_BUILT_IN = {"tiny-t5": (_minilm_tokenizer, _tiny_t5), "minilm2bert": (_minilm_tokenizer, _minilm2bert),
+             "transformer": (_task_tokenizer_else_minilm, _transformer)}
+assert tuple(_BUILT_IN) == BUILTIN
 
 
 def _size_generation_cache(model: PreTrainedModel) -> None:
