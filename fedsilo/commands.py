@@ -9,7 +9,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from fedsilo.errors import UserError
+from fedsilo.errors import ConfigError, UserError
 
 
 def _report(out: Path, show: bool = True) -> Path:
@@ -231,7 +231,6 @@ def _data_check(args: argparse.Namespace) -> int:
 def cmd_init(args: argparse.Namespace) -> int:
     """A commented config for a folder of silos; what it cannot tell is left as DECIDE lines."""
     from fedsilo.config import load_config
-    from fedsilo.errors import ConfigError
     from fedsilo.runs.init import init_config
 
     out = Path(args.out)

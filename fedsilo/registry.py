@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from pydantic import ValidationError
+
 from fedsilo.errors import UnknownChoice
 from fedsilo.settings import SectionError, where_what
 
@@ -69,7 +71,6 @@ class Registry(Generic[T]):
             return Policy(name, entry.value)
         if isinstance(options, entry.settings):
             return Policy(name, entry.value, options)
-        from pydantic import ValidationError
         try:
             return Policy(name, entry.value, entry.settings.model_validate(options or {}))
         except ValidationError as err:

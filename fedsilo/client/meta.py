@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .objective import CLIENT_OBJECTIVES, LossFn
 
@@ -62,7 +63,6 @@ def meta_weights(model: torch.nn.Module, pseudo: torch.Tensor, annotated_loss, a
 
 def math_attention():
     """Scaled-dot-product attention on the math kernel, whose backward can be differentiated again."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     return sdpa_kernel([SDPBackend.MATH])
 
 

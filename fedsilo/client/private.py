@@ -38,7 +38,10 @@ from fedsilo.core.transforms import SiloRefused
 from fedsilo.errors import ConfigError
 from fedsilo.privacy.accountant import Budget, noise_for
 
+from .objective import objective_terms
+from .schedule import StepSchedule
 from .settings import DPSettings
+from .train import LocalResult, TrainingParts, param_groups, to_device
 
 
 class BudgetSpent(SiloRefused):
@@ -156,8 +159,6 @@ class PrivateSGD:
         return "ghost" if self.ghost else "per_example"
 
     def backward_items(self, example_losses: Callable, items: Sequence, collate: Callable, device) -> torch.Tensor:
-        from .train import to_device
-
         return self.backward(example_losses, to_device(collate(list(items)), device), len(items))
 
     def backward(self, example_losses: Callable[[torch.nn.Module, dict], torch.Tensor], batch: dict,
@@ -262,8 +263,6 @@ class LoopSGD:
         self.summed = [torch.zeros_like(p) for p in self.params]
 
     def backward_items(self, example_losses: Callable, items: Sequence, collate: Callable, device) -> torch.Tensor:
-        from .train import to_device
-
         losses = []
         for item in items:
             loss = example_losses(self.model, to_device(collate([item]), device)).sum()
@@ -334,10 +333,6 @@ def train_private(model: torch.nn.Module, examples: Sequence, collate: Callable[
                   schedule_start: int = 0, schedule_total: int | None = None):
     """`steps` DP-SGD steps on Poisson samples of `examples`; the budget records them. Returns
     (LocalResult, the plain optimiser, whose state a silo may keep)."""
-    from .objective import objective_terms
-    from .schedule import StepSchedule
-    from .train import LocalResult, TrainingParts, param_groups
-
     parts = parts or TrainingParts()
 
     params = dict(model.named_parameters())

@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save
 
 from fedsilo.core.tensors import Tensors, tensor_digest
 from fedsilo.errors import StoreError
@@ -163,8 +165,6 @@ class DiskStore:
         return self._read(client, r, files[r], known.get(r))
 
     def _read(self, client: str, r: int, path: Path, expected: str | None) -> ClientState:
-        from safetensors import safe_open
-
         try:
             with safe_open(str(path), framework="pt") as fh:
                 info = dict(fh.metadata() or {})
@@ -201,8 +201,6 @@ class DiskStore:
         return None
 
     def put(self, client: str, state: ClientState) -> None:
-        from safetensors.torch import save
-
         flat = {f"{slot}/{name}": t.detach().to("cpu").contiguous()
                 for slot, tensors in state.slots.items() for name, t in tensors.items()}
         info = {"meta": json.dumps(state.meta), "run": self._run() or "", "client": client, "round": str(self.round)}

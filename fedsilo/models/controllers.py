@@ -19,6 +19,7 @@ layers are renumbered for the generation cache.
 """
 from __future__ import annotations
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
@@ -74,8 +75,6 @@ def _fresh_like(layer: nn.Module, config) -> nn.Module:
 
 def apply_controllers(model: nn.Module, settings: ControllerSettings, seed: int) -> None:
     """The ``controllers`` surgery (see the module docstring), in place."""
-    import torch
-
     encoder, decoder = _stacks(model)
     taken = [n for n, _ in model.named_parameters() if "controller" in n]
     if taken:

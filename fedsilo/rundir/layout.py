@@ -10,11 +10,13 @@ import json
 import math
 import os
 import tomllib
+import uuid
+import warnings
 from pathlib import Path
 
 import torch
 
-from fedsilo.config import RunConfig, to_toml
+from fedsilo.config import ConfigError, RunConfig, to_toml
 from fedsilo.errors import RunDirError
 from fedsilo.fileio import atomic_write, atomic_write_bytes, read_jsonl
 
@@ -117,7 +119,6 @@ class RunDir:
         deleted `run_id` file is restored from the checkpoint, which carries it."""
         path = self.path / "run_id"
         if not path.exists():
-            import uuid
             state = self.load(self.checkpoint) or self.load(self.best)
             found = state.get("run_id") if isinstance(state, dict) else None
             atomic_write_bytes(path, (found if isinstance(found, str) and found else uuid.uuid4().hex).encode())
@@ -217,10 +218,6 @@ def init_tensors(source: str | Path, like: dict) -> dict[str, torch.Tensor]:
     """The tensors `model.init_from` names: a run directory's best.pt (its selected global model), a
     fedsilo checkpoint file, or a plain state dict. Each must be a tensor of the model, shaped as
     there and finite; model tensors the source lacks keep their fresh values (with a warning)."""
-    import warnings
-
-    from fedsilo.config import ConfigError
-
     path = Path(source).expanduser()
     if path.is_dir():
         if not (path / "best.pt").is_file():

@@ -19,6 +19,7 @@ Importing this module imports neither torch nor the task code: the task registry
 """
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import tomllib
@@ -206,8 +207,6 @@ def registry_spec(config: Mapping[str, Any]) -> dict | None:
     if not isinstance(name, str):
         return None
     try:
-        import importlib
-
         from fedsilo import builtins  # noqa: F401  (the built-in tasks)
         from fedsilo.tasks import TASKS
         for module in config.get("plugins") or []:

@@ -17,6 +17,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 from fedsilo.client.silo import federated_parameters, load_tensors, received_only
 from fedsilo.client.store import make_store
@@ -129,7 +130,6 @@ def export_adapters(run_dir: str | Path, out: str | Path, silo: str | None = Non
     extra = {k: t.detach().contiguous() for k, t in params.items()
              if not any(s in k for s in _PEFT) and k not in frozen_sent}
     if extra:
-        from safetensors.torch import save_file
         save_file(extra, out / "fedsilo_extra.safetensors")
     (out / "fedsilo_export.json").write_text(json.dumps(
         {"run": str(run.path), "round": state.get("round"), "silo": silo, "aggregation": lora.aggregation,

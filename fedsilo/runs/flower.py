@@ -80,7 +80,7 @@ def run_simulation(cfg: RunConfig, out: Path, resume: bool = False, show_progres
     os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
     from flwr.simulation import run_simulation as flwr_run_simulation
 
-    from fedsilo.engines.flower.client_app import app as client_app
+    from fedsilo.engines.flower.client_app import app as client_app  # built here only: no ServerApp needs one
 
     flwr_run_simulation(
         server_app=make_server_app(cfg, Path(out), resume, show_progress),

@@ -15,6 +15,7 @@ from fedsilo.client.store import make_store
 from fedsilo.config import RunConfig
 from fedsilo.core.tensors import is_finite
 from fedsilo.engines import CrossDomainEngine, Engine
+from fedsilo.engines.local import LocalEngine
 from fedsilo.errors import ConfigError, RunFailed
 from fedsilo.progress import Display, Progress
 from fedsilo.recipe import (TOKENIZER_DIR, build_model, build_recipe, build_server, build_task, store_root,
@@ -24,6 +25,7 @@ from fedsilo.rundir.layout import RunDir, RunDirError, config_hash
 from fedsilo.rundir.lock import RunLock
 from fedsilo.rundir.records import privacy_spent, spent_silos
 from fedsilo.server import Server, sample_clients
+from fedsilo.tasks import TASKS
 from fedsilo.tasks.base import NONFINITE, MetricSpec, WithReferences, select_best
 
 
@@ -229,8 +231,6 @@ def run_local(cfg: RunConfig, run: RunDir, resume: bool = False, progress: Progr
               policies: dict[str, str] | None = None) -> dict:
     """One federation (or pooled/single-silo run) on the in-process engine; `policies`: {silo: its policy
     file} (fedsilo.client.policy), as each silo's operator gives it, not the config."""
-    from fedsilo.engines.local import LocalEngine
-
     progress = progress or Progress(enabled=False)
     recipe = build_recipe(cfg)  # a combination that cannot hold is refused before anything is built
     with warnings.catch_warnings(record=True) as caught:
@@ -306,7 +306,6 @@ def _finetune(cfg: RunConfig, out: Path, resume: bool, progress: Progress) -> di
         subruns[silo] = f"silos/{silo}"
         spec_desc, display = done["metric_spec"], {**display, **done.get("display", {})}
         wall += done.get("wall_seconds", 0.0)
-    from fedsilo.tasks import TASKS
     results = {"paradigm": cfg.paradigm, "name": cfg.name, "task": cfg.task.name, "rounds": cfg.federation.rounds,
                "best_round": None, "best_dev": None, "wall_seconds": wall, "metric_spec": spec_desc,
                "display": display,

@@ -24,12 +24,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedsilo.errors import StudyFailed
+from rich.console import Console
+
+from fedsilo.errors import RunFailed, StudyFailed
 from fedsilo.fileio import atomic_write_bytes
 from fedsilo.paradigms import PARADIGMS
 from fedsilo.progress import Display
 from fedsilo.rundir.records import column, exchange_totals, read_rounds
 
+from . import runner
 from .overall import comparison
 from .report import write_report
 from .spread import RULE, SPREAD, claim_lines
@@ -69,10 +72,6 @@ def run_study(path: str | Path, out: str | Path, assignments: Sequence[str] = ()
               show_progress: Display = True, console=None, seeds: Sequence[int] | None = None) -> dict:
     """Run every variant for every seed (resumable), then print and write the comparison. `seeds`
     (the CLI's --seeds) wins over `[study] seeds`. Returns study.json's content."""
-    from rich.console import Console
-
-    from .runner import RunFailed, run_experiment
-
     settings, _ = load_study(path, assignments, only)
     seeds = check_seeds(seeds, "--seeds") if seeds is not None else settings.seeds
     multi = seeds is not None and len(seeds) > 1
@@ -88,7 +87,7 @@ def run_study(path: str | Path, out: str | Path, assignments: Sequence[str] = ()
             target = run_dir(out, name, seed, multi)
             console.print(f"[bold]{settings.name}: {name}{f' seed {seed}' if multi else ''}[/bold] → {target}")
             try:
-                done = run_experiment(cfg, target, resume=True, show_progress=show_progress)
+                done = runner.run_experiment(cfg, target, resume=True, show_progress=show_progress)
             except RunFailed as err:  # the other runs go on; this variant is shown as failed
                 failed.setdefault(name, {})[str(cfg.seed)] = str(err)
                 console.print(f"{settings.name}: {name}{f' seed {seed}' if multi else ''} failed: {err}",

@@ -4,6 +4,7 @@ train by a seeded draw of whole groups (rows sharing the `split.by` text), so no
 from __future__ import annotations
 
 import random
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,8 +108,6 @@ def load_accepted(name: str, source: SourceSettings, convert):
 def accept(loaded: Loaded, source: SourceSettings, problems: list[Problem] | None = None) -> None:
     """Malformed rows (`problems`, default the loaded ones) stop a run unless the source says
     bad_rows = "skip" (then they are left out, and a warning counts them)."""
-    import warnings
-
     problems = loaded.problems if problems is None else problems
     if not problems:
         return

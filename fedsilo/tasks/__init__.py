@@ -13,7 +13,10 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from fedsilo.datafetch import default_data_root, ensure
+from fedsilo.errors import DataError
 from fedsilo.registry import Registry
+from fedsilo.settings import SectionError
 
 
 class TaskSettings(BaseModel):
@@ -114,8 +117,6 @@ SILO_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 def check_sources(sources: dict, benchmark: Sequence[str]) -> dict:
     """`[task.sources.NAME]` entries: a name fit for a folder; "benchmark" only for a benchmark
     silo's name, and a benchmark silo's name only for "benchmark" (an own silo must not pass for it)."""
-    from fedsilo.settings import SectionError
-
     for name, source in sources.items():
         if not SILO_NAME.fullmatch(name):
             raise SectionError(f"task.sources.{name}: a silo name is letters, digits, '_', '-', '.' (at most 64, "
@@ -133,8 +134,6 @@ def check_names(names: list[str], known: Sequence[str], kind: str = "silo", what
     """A config's list of clients (silos, domains): known names, no repeats, non-empty unless allowed.
     `section`: the error names its key in full (`task.<what>: ...`), as a check of the whole section
     (which sees the own sources too) must."""
-    from fedsilo.settings import SectionError
-
     error = SectionError if section else ValueError
     where = f"task.{what}: " if section else ""
     unknown = [n for n in names if n not in known]
@@ -180,14 +179,12 @@ class TaskPlugin:
         if settings.data_dir:
             path = Path(settings.data_dir)
             if not path.is_dir():
-                from fedsilo.datafetch import DataError
                 raise DataError(f"task.data_dir: {path} is not a folder")
             if self.verify is not None:
                 self.verify(settings, path)
             return path
         if self.data is None:
             return None
-        from fedsilo.datafetch import default_data_root, ensure
         return ensure(self.data, default_data_root() / self.data)
 
 

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save
 
 from fedsilo.core.tensors import tensor_digest
 from fedsilo.fileio import atomic_write_bytes
@@ -87,7 +89,6 @@ def cache_key(task: PreTokenized, examples: Sequence[Any]) -> str:
 
 
 def _to_bytes(rows: Sequence[Row]) -> bytes:
-    from safetensors.torch import save
     tensors: dict[str, torch.Tensor] = {}
     for field in (rows[0] if rows else {}):
         parts = [r[field] for r in rows]
@@ -100,7 +101,6 @@ def _to_bytes(rows: Sequence[Row]) -> bytes:
 
 def _from_file(path: Path, vocab: int | None = None) -> list[Row]:
     """The rows of a cache file; ValueError saying what is wrong with one that cannot be trusted."""
-    from safetensors import safe_open
     with safe_open(str(path), "pt") as f:
         info = dict(f.metadata() or {})
         tensors = {k: f.get_tensor(k) for k in f.keys()}

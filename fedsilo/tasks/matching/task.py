@@ -15,9 +15,11 @@ from pathlib import Path
 import torch
 
 from fedsilo.errors import DataError
+from fedsilo.sources.check import Lengths
 from fedsilo.tasks.base import fixed_subsample, pool
 from fedsilo.tasks.tokens import attention_mask, pad_rows
 
+from .bm25 import Bm25Index
 from .data import silo_questions
 from .metrics import SPEC, question_stats
 from .plugin import MatchingSettings
@@ -145,8 +147,6 @@ class MatchingTask:
 
     def length_checks(self, client: str) -> list:
         """Tokens of '[CLS] q [SEP] a [SEP]' for every candidate of the silo's questions, uncut."""
-        from fedsilo.sources.check import Lengths
-
         pairs = [(q.text, c) for split in SPLITS for q in self.questions[client][split] for c in q.candidates]
         lengths = [len(ids) for ids in self.tokenizer([q for q, _ in pairs], [a for _, a in pairs],
                                                       return_attention_mask=False,
@@ -227,7 +227,6 @@ class MatchingTask:
 
     def _pool(self, silo: str):
         if silo not in self._pools:
-            from .bm25 import Bm25Index
             raw = silo_questions(self.settings, silo, self.data_dir)  # cached on disk (or small own files): cheap
             texts = list(dict.fromkeys(c for s in SPLITS for q in raw[s] for c in q.candidates))
             self._pools[silo] = (Bm25Index(texts), {t: i for i, t in enumerate(texts)})

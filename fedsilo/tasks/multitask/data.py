@@ -23,6 +23,7 @@ from fedsilo.tasks.prepared import cache_path, ignored, package_version, read_ca
 from .catalog import CATALOG, PAPER_CLIENTS, Pools, Record, TaskInfo
 from .converters import load_all
 from .fewshot import FewShot, sample_seeds
+from .metrics import rouge_l
 from .reading import RECORD_ERRORS
 
 load_all()  # fills the catalogue
@@ -106,8 +107,6 @@ def unscorable(loaded: Loaded, source, rouge: str) -> list[Problem]:
     evaluation: a dev or test reference the source's ROUGE-L cannot score at all (`rouge = "crossfit"`:
     one without a word). An empty reference is the reader's problem already (it would reward an empty
     prediction)."""
-    from .metrics import rouge_l
-
     out = []
     for split, rows in loaded.splits.items():
         for r in rows:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from fedsilo.sources.check import Lengths
 from fedsilo.tasks.tokens import RowMemo, attention_mask, pad_rows, sequence_nll, sorted_batches
 
 from .catalog import CATALOG
@@ -139,8 +140,6 @@ class MultitaskTask:
 
     def length_checks(self, client: str) -> list:
         """Tokens of the client's inputs ("task: input") and targets (+ EOS), uncut."""
-        from fedsilo.sources.check import Lengths
-
         examples = [e for split in SPLITS for e in self.examples(client, split)]
         src = self.tokenizer([e.source for e in examples], return_token_type_ids=False,
                              return_attention_mask=False)["input_ids"] if examples else []

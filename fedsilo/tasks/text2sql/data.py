@@ -11,6 +11,7 @@ import csv
 import json
 import re
 import sqlite3
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,7 +74,6 @@ def silo_database(settings: Text2SQLSettings, silo: str, data_dir: Path | None) 
             return None
         usable, notes = exec_notes(load_rows(silo, source), source)
         if not usable:
-            import warnings
             warnings.warn(f"text2sql silo {silo}: {notes[-1]}", stacklevel=2)
             return None
         return Path(source.database)

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from fedsilo.sources.check import Lengths
 from fedsilo.tasks.base import Column, MetricSpec, Metrics, fixed_subsample
 from fedsilo.tasks.tokens import RowMemo, pad_seq2seq, sequence_losses, sorted_batches
 
@@ -241,8 +242,6 @@ class Text2SQLTask:
 
     def length_checks(self, client: str) -> list:
         """Tokens of the silo's inputs (question | schema) and SQL targets (+ EOS), uncut."""
-        from fedsilo.sources.check import Lengths
-
         examples = [e for split in SPLITS for e in self.splits[client][split]]
         src = self.tokenizer([e.source for e in examples], verbose=False)["input_ids"] if examples else []
         s = self.settings

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from fedsilo.datafetch import default_data_root
+from fedsilo.sources.check import Lengths
 from fedsilo.tasks.base import fixed_subsample
 from fedsilo.tasks.tokens import RowMemo, pad_seq2seq, sequence_losses, sorted_batches
 
@@ -96,8 +97,6 @@ class TranslationTask:
 
     def length_checks(self, client: str) -> list:
         """Token lengths of the silo's sources and targets (+ EOS), uncut, against their limits."""
-        from fedsilo.sources.check import Lengths
-
         pairs = [p for split in SPLITS for p in self.examples(client, split)]
         s = self.settings
         src = self.tokenizer([p.source for p in pairs], return_token_type_ids=False,
