@@ -14,6 +14,7 @@ from transformers import BertConfig, BertForSequenceClassification, MarianConfig
 
 from fedsilo.client.optim import sgd
 from fedsilo.client.train import TrainingParts
+from fedsilo.recipe import build_recipe
 from fedsilo.client.private import PrivateSGD, plan_budget
 from fedsilo.privacy.accountant import ORDERS, Budget
 from fedsilo.client.settings import DPSettings
@@ -308,7 +309,7 @@ def test_combinations_the_accountant_does_not_cover_are_refused_by_name(sections
     for key, value in sections.items():
         base[key] = {**base.get(key, {}), **value}
     with pytest.raises((ConfigError, ValueError), match=culprit):
-        validate(base)
+        build_recipe(validate(base))
 
 
 def test_dp_on_flower_simulation_equals_in_process_with_the_accountant_on_each_silo(tmp_path, monkeypatch):

@@ -28,6 +28,7 @@ from typing import Any
 from pydantic import Field
 
 from fedsilo.config import ConfigError, RunConfig, Strict, apply_overrides, locate_files, validate
+from fedsilo.recipe import build_recipe
 
 __all__ = ["StudySettings", "load_study", "parse_seeds", "check_seeds", "deep_merge", "seeded"]
 
@@ -146,7 +147,9 @@ def load_study(path: str | Path, assignments: Sequence[str] = (), only: Sequence
     configs = {}
     for name, change in variants.items():
         merged = locate_files(deep_merge(base, change), path.parent)  # plugins, silo files: beside the study file
-        cfg = validate({**merged, "name": f"{settings.name}/{name}{suffix}"}, f"{path} [variants.{name}]", warn=True)
+        where = f"{path} [variants.{name}]"
+        cfg = validate({**merged, "name": f"{settings.name}/{name}{suffix}"}, where, warn=True)
+        build_recipe(cfg, where)  # every variant's combination checked before any runs
         if seed is not None:  # a variant's own sample seeds are held fixed: it asked for that sample
             cfg = seeded(cfg, seed, settings.vary_sample and SAMPLE_SEEDS not in (change.get("task") or {}))
         configs[name] = cfg
