@@ -453,7 +453,7 @@ def compare_item(item: Item, fa: Path, fb: Path, outs: tuple[str, str], roots: l
                 except (ValueError, UnicodeDecodeError) as err:
                     found = f"unreadable: {err}"
                 if found:
-                    diffs.append(f"{rel}: {found}")
+                    diffs.append(found if str(rel) == key else f"{rel}: {found}")
         names = sorted({r.name for r in rels})
         what = f"{item.name}: {key}" + (f" ({len(rels)} files)" if len(rels) > len(names) else
                                         f" ({', '.join(names)})" if key.endswith("/") else "")
