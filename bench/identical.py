@@ -1,7 +1,7 @@
 """Behaviour identity of two source trees of fedsilo (issue 39): the same study docs, the same runs.
 
     git worktree add /tmp/before 5d60571          # the code before the change
-    python bench/identical.py /tmp/before . --quick           # ~11 min on 2 shared cores
+    python bench/identical.py /tmp/before . --quick           # 8-12 min on 2 shared cores
     python bench/identical.py /tmp/before .                   # + real-data runs and `make study`'s job
 
 Both trees run with this Python environment (its installed packages) and PYTHONPATH set to the tree,
