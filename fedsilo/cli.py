@@ -1,4 +1,4 @@
-"""`fedsilo run | study | deploy | report | compare | init | data`: the command line.
+"""`fedsilo run | study | deploy | report | compare | init | keys | data`: the command line.
 
 Every error a user can cause (a bad config, a missing or corrupt file, a deployment that ended
 without results) is one line `fedsilo: error: ...` and exit code 2, never a traceback. What each
@@ -42,7 +42,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
                    help="print fedsilo's version and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                           help="run, study, deploy, report, export, compare, init or data (COMMAND --help for its options)")
+                           help="run, study, deploy, report, export, compare, init, keys, ledger or data "
+                                "(COMMAND --help for its options)")
 
     def common(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("config", help="experiment TOML, e.g. experiments/lorar/small.toml")
@@ -107,6 +108,32 @@ def parser() -> argparse.ArgumentParser:
     ini.add_argument("--out", default="fedsilo.toml", help="the config to write (default: fedsilo.toml)")
     ini.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     ini.set_defaults(func=commands.cmd_init)
+    keys = sub.add_parser("keys", help="a silo's signing key, or the federation's roster of public keys: with them "
+                                       "secure aggregation holds against a server that lies (docs/privacy.md)")
+    ks = keys.add_subparsers(dest="keys_command", required=True, metavar="new|roster",
+                           help="new: a silo's key pair; roster: the federation's public keys")
+    kn = ks.add_parser("new", help="make a silo's Ed25519 signing key (DIR/SILO.key, mode 0600) and its public key "
+                                   "(DIR/SILO.pub)")
+    kn.add_argument("--out", required=True, help="the folder to write the two files into")
+    kn.add_argument("--silo", required=True, help="the silo's name, as in the run's config")
+    kr = ks.add_parser("roster", help="write the roster (TOML) of the silos' public keys and print its fingerprint")
+    kr.add_argument("entries", nargs="+", metavar="NAME=PUBFILE", help="a silo and its public key file, e.g. "
+                                                                        "alpha=keys/alpha.pub (one per silo)")
+    kr.add_argument("--out", required=True, help="the roster file to write, e.g. roster.toml")
+    kr.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    keys.set_defaults(func=commands.cmd_keys)
+    led = sub.add_parser("ledger", help="a silo's privacy ledger: show the DP releases that left it and their ε, or "
+                                        "reset one scope (archived, never deleted); only here, on the silo")
+    ls = led.add_subparsers(dest="ledger_command", required=True, metavar="show|reset",
+                          help="show: its releases and ε; reset: archive one scope")
+    ls.add_parser("show", help="each scope's releases by run and round, and ε over all of them").add_argument(
+        "path", help="the ledger file (a SuperNode's <state-dir>/privacy-ledger.jsonl, or "
+                     "<out>/privacy-ledger/<silo>.jsonl of an in-process run)")
+    lr = ls.add_parser("reset", help="move one scope's entries to an archive beside the ledger: its budget starts "
+                                     "again (the silo's operator's decision, never a coordinator's)")
+    lr.add_argument("path", help="the ledger file")
+    lr.add_argument("--scope", required=True, help="the scope to reset, as `fedsilo ledger show` names it")
+    led.set_defaults(func=commands.cmd_ledger)
     d = sub.add_parser("data", help="obtain and verify a benchmark's files (pinned commit + sha256), or check "
                                     "every silo of a config (data check CONFIG)")
     from fedsilo import builtins  # noqa: F401  (registers the task plug-ins: without it TASKS is empty)

@@ -252,3 +252,69 @@ def cmd_init(args: argparse.Namespace) -> int:
         print(f"  DECIDE for {silo}: {what}")
     print(f"next: fedsilo data check {out}\n      fedsilo run {out}")
     return 0
+
+
+def cmd_ledger(args: argparse.Namespace) -> int:
+    """A silo's privacy ledger (fedsilo.privacy.ledger), read or reset where it lives: on the silo, by its
+    operator. No message from a coordinator can do either."""
+    from fedsilo.privacy.ledger import PrivacyLedger, describe
+
+    ledger = PrivacyLedger(args.path)
+    if not ledger.path.is_file():
+        raise UserError(f"{ledger.path}: no privacy ledger there (a SuperNode keeps it at <state-dir>/privacy-ledger.jsonl "
+                        "or its node config's `ledger`; an in-process run at <out>/privacy-ledger/<silo>.jsonl)")
+    try:
+        if args.ledger_command == "show":
+            print(f"{ledger.path}:")
+            for line in describe(ledger.entries()):
+                print(line)
+            return 0
+        archive, count = ledger.reset(args.scope)
+    except ValueError as err:  # a malformed line (file:line), or a scope the ledger does not hold
+        raise UserError(str(err)) from None
+    print(f"archived {count} release(s) of scope {args.scope} to {archive}; the silo's budget for that scope starts "
+          "again from nothing")
+    return 0
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    """A silo's signing key, or the federation's roster of public keys (fedsilo.privacy.roster): the PKI that
+    lets secure aggregation hold against a server that lies. Both are made and passed on out of band."""
+    from fedsilo.privacy import roster as rosters
+
+    if args.keys_command == "new":
+        silo = args.silo
+        if not silo or silo.strip() != silo or "/" in silo or silo in (".", ".."):
+            raise UserError(f"--silo {silo!r} is not a silo name usable as a file name")
+        out = Path(args.out)
+        key_path, pub_path = out / f"{silo}.key", out / f"{silo}.pub"
+        for path in (key_path, pub_path):
+            if path.exists():
+                raise UserError(f"{path} exists; a silo's key is made once (to replace it, delete both files, "
+                                "and give the federation the new public key for a new roster)")
+        out.mkdir(mode=0o700, parents=True, exist_ok=True)
+        key = rosters.generate_key()
+        rosters.save_private_key(key, key_path)
+        rosters.save_public_key(key, pub_path)
+        print(f"signing key: {key_path} (mode 0600; it stays on silo {silo}'s machine: node config "
+              f"signing-key=\"{key_path}\")\npublic key:  {pub_path} (give it to whoever makes the roster)\n"
+              f"{silo} {rosters.public_key_text(key)}")
+        return 0
+    keys = {}
+    for entry in args.entries:
+        name, sep, path = entry.partition("=")
+        if not sep or not name or not path:
+            raise UserError(f"{entry!r} is not NAME=PUBFILE (e.g. alpha=keys/alpha.pub)")
+        if name in keys:
+            raise UserError(f"silo {name!r} is named twice")
+        keys[name] = rosters.load_public_key(path)
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise UserError(f"{out} exists; choose another --out, or --force to overwrite it")
+    roster = rosters.Roster({name: rosters.raw_public_key(k) for name, k in keys.items()})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rosters.write_roster(roster, out)
+    print(f"written: {out} ({len(keys)} silos: {', '.join(sorted(keys))})\nfingerprint: {roster.fingerprint()}\n"
+          "give every silo this file out of band and compare the fingerprint with each; name it in the run's config "
+          "as federation.secure_aggregation.roster_fingerprint")
+    return 0

@@ -41,6 +41,7 @@ from fedsilo.features.silo_dp import release as silo_dp_release
 from fedsilo.models import MODEL_KINDS, SURGERIES
 from fedsilo.models.lora import lora_settings
 from fedsilo.models.precision import check_precision, set_tf32
+from fedsilo.privacy.ledger import PrivacyLedger, SiloLedger, data_scope
 from fedsilo.privacy.secure_stages import SecureMask, secure_sum_round
 from fedsilo.privacy.silo_dp import SiloRelease
 from fedsilo.rundir.layout import init_tensors
@@ -235,6 +236,23 @@ def give_policies(clients: dict[str, SiloClient], policies: dict[str, str]) -> N
         raise ConfigError(f"--policy {unknown[0]}=…: {unknown[0]!r} is not a silo of this run ({', '.join(clients)})")
     for silo, path in policies.items():
         clients[silo].policy = read_policy(path)
+
+
+def give_ledger(client: SiloClient, path: Path, run_key, scope: str | None = None) -> None:
+    """A silo whose updates are DP releases keeps its privacy ledger at `path` (fedsilo.privacy.ledger):
+    `run_key` names this run (or a function giving it once the run exists); `scope`: whose budget, by
+    default the silo's data (a fingerprint of its training examples)."""
+    if client.keeps_ledger:
+        client.ledger = SiloLedger(PrivacyLedger(path), run_key, scope or data_scope(client.examples), client.name)
+
+
+LEDGER_FOLDER = "privacy-ledger"  # in a run directory: each silo's privacy ledger (in-process runs)
+
+
+def give_ledgers(clients: dict[str, SiloClient], folder: Path, run_key) -> None:
+    """In-process: each silo's ledger is `folder/<silo>.jsonl` (the run directory's privacy-ledger/)."""
+    for name, client in clients.items():
+        give_ledger(client, Path(folder) / f"{name}.jsonl", run_key)
 
 
 def build_client(cfg: RunConfig, task, model, store: ClientStore, name: str, examples,

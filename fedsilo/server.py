@@ -75,7 +75,7 @@ class RoundStage(Protocol):
 
     def wrap(self, inner: RoundAggregation, round_idx: int, sampled: list[str],
              registered: dict[str, int]) -> RoundAggregation: ...
-    def refuses(self, round_idx: int) -> str | None: ...
+    def refuses(self, round_idx: int, sampled: list[str] | None = None) -> str | None: ...
     def limits(self, limits: Limits) -> Limits: ...
     def state_dict(self) -> str: ...
     def load_state_dict(self, state: str | None) -> None: ...
@@ -127,9 +127,10 @@ class Server:
         """Each silo's size as known before any round: the bound on the size it may report."""
         self.registered = dict(sizes)
 
-    def refuses(self, round_idx: int) -> str | None:
-        """Why a stage refuses round `round_idx` before it starts (silo-level DP: the budget), or None."""
-        return next((why for stage in self.recipe.stages if (why := stage.refuses(round_idx))), None)
+    def refuses(self, round_idx: int, sampled: list[str] | None = None) -> str | None:
+        """Why a stage refuses round `round_idx` of the `sampled` silos before it starts (silo-level DP: the
+        budget, planned for the fewest of them that can answer), or None."""
+        return next((why for stage in self.recipe.stages if (why := stage.refuses(round_idx, sampled))), None)
 
     def begin_round(self, round_idx: int, sampled: list[str] | None = None) -> None:
         self.round = round_idx

@@ -314,10 +314,9 @@ def test_combinations_the_accountant_does_not_cover_are_refused_by_name(sections
 
 def test_dp_on_flower_simulation_equals_in_process_with_the_accountant_on_each_silo(tmp_path, monkeypatch):
     """Seeded noise, so both engines draw the same samples and noise: the same ε per silo per round and the
-    same model; each silo's accountant history is in its own store (its state folder), not the server's."""
+    same model; each silo's accountant history is in its own privacy ledger (its state folder), not the server's."""
     import os
 
-    from fedsilo.client.store import DiskStore
     from tests.parity import local_and_simulation
 
     root = str(Path(__file__).resolve().parents[1])
@@ -330,10 +329,16 @@ def test_dp_on_flower_simulation_equals_in_process_with_the_accountant_on_each_s
     pb = torch.load(sim / "checkpoint.pt", weights_only=True)["server"]["params"]
     for k in pa:
         torch.testing.assert_close(pb[k], pa[k], rtol=1e-6, atol=1e-7)
-    local_store = DiskStore(local / "clients")
-    local_store.set_round(2)
-    assert local_store.get("alpha").meta["dp"]["history"] == [[local_store.get("alpha").meta["dp"]["noise_multiplier"],
-                                                                0.5, 4]]
+    import tempfile
+
+    from fedsilo.privacy.ledger import LEDGER_FILE, PrivacyLedger
+    mine = PrivacyLedger(local / "privacy-ledger" / "alpha.jsonl").entries()  # in-process: in the run directory
+    sim_state = Path(tempfile.gettempdir()) / "fedsilo-flower-state" / "alpha" / (sim / "run_id").read_text().strip()
+    theirs = PrivacyLedger(sim_state / LEDGER_FILE).entries()  # simulation: in the silo's own state folder
+    assert [e["mechanisms"] for e in theirs] == [e["mechanisms"] for e in mine]
+    assert [(e["round"], e["mechanisms"][0]["sample_rate"], e["mechanisms"][0]["steps"]) for e in mine] == \
+        [(1, 0.5, 2), (2, 0.5, 2)]
+    assert not list(sim.glob("privacy-ledger/*"))  # never the server's
 
 
 def tiny_t5() -> torch.nn.Module:

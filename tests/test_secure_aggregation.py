@@ -86,6 +86,8 @@ def test_in_process_secure_run_equals_the_plaintext_run_and_hides_each_weight(tm
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5  # float32 sums against the exact secure sum
     for record in rounds_of(tmp_path / "secure"):
         assert record["secure"]["survivors"] == ["alpha", "beta", "gamma"] and record["applied"]
+        # one process runs every silo: fresh keys per round, the signed stages and the consistency round run
+        assert record["secure"]["against"] == "active server" and record["secure"]["roster"] == "ephemeral, in-process"
         for entry in record["clients"].values():  # nothing of one silo's update or weight in the record
             assert entry["secure"] and entry["weight"] is None and "losses" not in entry and "delta_loss" not in entry
 
@@ -127,6 +129,9 @@ def test_secure_aggregation_on_flower_simulation_equals_in_process(tmp_path, mon
     assert max((params(local)[k] - params(sim)[k]).abs().max().item() for k in params(local)) == 0.0
     for record in rounds_of(sim):
         assert record["secure"]["dropped"] == ["gamma"] and record["applied"]
+        # the simulation's silos hold no roster: the record says plainly that only the semi-honest guarantee holds
+        assert record["secure"]["against"] == "semi-honest server only" and record["secure"]["roster"] is None
+        assert record["secure"]["signed"] == ["alpha", "beta"]
 
 
 # ---- a wire capture of a real deployment ----------------------------------------------------------

@@ -30,8 +30,9 @@ def google_gaussian_epsilon(sigmas: list[float], delta: float) -> float:
     return accountant.get_epsilon(delta)
 
 
-def dp(mode="central", sigma=1.5, clip=0.5, target=None, delta=1e-5, seed=0) -> SiloDP:
-    return SiloDP(mode == "central", clip, sigma, Budget(sigma, 1.0, delta, target), seed=seed)
+def dp(mode="central", sigma=1.5, clip=0.5, target=None, delta=1e-5, seed=0, shares=4) -> SiloDP:
+    """`shares`: the m each silo's distributed share σ·C/√m was sized for."""
+    return SiloDP(mode == "central", clip, sigma, Budget(sigma, 1.0, delta, target), seed=seed, shares=shares)
 
 
 def test_the_federations_epsilon_equals_dp_accounting_per_round():

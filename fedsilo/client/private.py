@@ -4,8 +4,8 @@ Each optimiser step trains on a Poisson sample of the silo's examples (each take
 probability q = batch_size / n: the sampling Opacus's RDP accountant assumes), clips each example's
 gradient to C (`max_grad_norm`), adds Gaussian noise N(0, σ²C²) to the sum and divides by the
 expected batch size. The silo's accountant (Opacus's `RDPAccountant`) composes every step it took, over
-all its rounds; its history (σ, q, steps) lives in the silo's store, so a resumed run reports the ε of
-an uninterrupted one, and on Flower the accountant is on the silo's own disk.
+all its rounds and runs; its history (σ, q, steps) is the silo's privacy ledger (fedsilo.privacy.ledger),
+outside the round-versioned store, so neither a resume nor a server's message can reset it.
 
 Rows: one example may fill k rows of the model's batch (answer selection: a triple is a relevant and an
 irrelevant pair, `rows_per_example = 2`). Opacus clips rows; clipping each row to C/k bounds an
@@ -25,6 +25,7 @@ policy that reads them is refused (fedsilo.config). Regularisers on the paramete
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import os
@@ -37,6 +38,7 @@ from fedsilo.core.tensors import Tensors
 from fedsilo.core.transforms import SiloRefused
 from fedsilo.errors import ConfigError
 from fedsilo.privacy.accountant import Budget, noise_for
+from fedsilo.privacy.noise import SecretNormal
 
 from .objective import objective_terms
 from .schedule import StepSchedule
@@ -61,15 +63,21 @@ def embedding_grad_sample(layer: torch.nn.Embedding, activations, backprops) -> 
     return out
 
 
-def plan_budget(settings: DPSettings, n_examples: int, batch_size: int, steps_per_round: int, rounds: int) -> Budget:
-    """σ for this silo: given, or the smallest (Opacus's search ends within 0.01 below the target) whose ε after `rounds` rounds of
-    `steps_per_round` steps at q = batch_size / n stays within target_epsilon."""
-    q = min(1.0, batch_size / n_examples)
-    delta = settings.delta if settings.delta is not None else 1 / (10 * n_examples)
+def sampling(settings: DPSettings, n_examples: int, batch_size: int) -> tuple[float, float]:
+    """(q, δ): each example in a step with probability batch_size / n; δ given, else 1 / (10 n)."""
+    return min(1.0, batch_size / n_examples), settings.delta if settings.delta is not None else 1 / (10 * n_examples)
+
+
+def plan_budget(settings: DPSettings, n_examples: int, batch_size: int, steps_per_round: int, rounds: int,
+                spent: list[tuple[float, float, int]] | tuple = ()) -> Budget:
+    """σ for this silo: given, or the smallest (the search ends within 0.01 below the target) whose ε after
+    `rounds` rounds of `steps_per_round` steps at q = batch_size / n, on top of what its privacy ledger
+    has `spent` on the same data, stays within target_epsilon. The budget's history is `spent`."""
+    q, delta = sampling(settings, n_examples, batch_size)
     sigma = settings.noise_multiplier
     if sigma is None:
-        sigma = noise_for(settings.target_epsilon, delta, q, steps_per_round * rounds)
-    return Budget(float(sigma), q, delta, settings.target_epsilon)
+        sigma = noise_for(settings.target_epsilon, delta, q, steps_per_round * rounds, spent)
+    return Budget(float(sigma), q, delta, settings.target_epsilon, list(spent))
 
 
 def check_budget(budget: Budget, steps: int, silo: str, round_idx: int) -> None:
@@ -96,10 +104,24 @@ def ties_parameters(model: torch.nn.Module) -> bool:
 
 
 def generator(settings: DPSettings, seed: int, device: torch.device | str = "cpu") -> torch.Generator:
-    """A source of the Poisson samples or the noise (see DPSettings.noise)."""
+    """A source of the Poisson samples, or of seeded noise (see DPSettings.noise; secret noise comes
+    from fedsilo.privacy.noise's SecretNormal)."""
     g = torch.Generator(device=device)
     g.manual_seed(seed if settings.seeded else int.from_bytes(os.urandom(8), "little"))
     return g
+
+
+def secret_noise(optimizer, source: SecretNormal) -> None:
+    """Opacus's `add_noise` (DPOptimizer and its ghost-clipping kind alike) with secret draws: the same
+    std, N(0, (σ·C)²) added in float64 to each clipped sum, then rounded to the gradient's dtype."""
+    from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
+
+    std = getattr(optimizer, "_adjusted_noise_multiplier", optimizer.noise_multiplier) * optimizer.max_grad_norm
+    for p in optimizer.params:
+        _check_processed_flag(p.summed_grad)
+        summed = p.summed_grad
+        p.grad = (summed.double() + source.normal(std, summed.shape, summed.device)).to(summed.dtype).view_as(p)
+        _mark_as_processed(p.summed_grad)
 
 
 def poisson_sample(n: int, q: float, g: torch.Generator) -> list[int]:
@@ -126,7 +148,8 @@ class PrivateSGD:
     round; `close` takes Opacus's hooks off the model (the in-process silos share it)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, budget: Budget,
-                 settings: DPSettings, rows_per_example: int, expected_batch: int, g: torch.Generator) -> None:
+                 settings: DPSettings, rows_per_example: int, expected_batch: int,
+                 g: torch.Generator | SecretNormal) -> None:
         # Opacus is imported here, not with fedsilo: it costs every process ~2.5 s of imports
         from opacus.grad_sample import GradSampleModule, GradSampleModuleFastGradientClipping, register_grad_sampler
         from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
@@ -148,9 +171,12 @@ class PrivateSGD:
         else:
             self.gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum", strict=False)
             kind = DPOptimizer
+        seeded = isinstance(g, torch.Generator)  # else secret noise: Opacus's draws from torch's generator replaced
         self.optimizer = kind(optimizer, noise_multiplier=budget.noise_multiplier * k, max_grad_norm=c / k,
-                              expected_batch_size=expected_batch, loss_reduction="mean", generator=g,
-                              secure_mode=True)
+                              expected_batch_size=expected_batch, loss_reduction="mean",
+                              generator=g if seeded else None, secure_mode=True)
+        if not seeded:
+            self.optimizer.add_noise = functools.partial(secret_noise, self.optimizer, g)
         self.positions = [m.register_forward_pre_hook(with_positions, with_kwargs=True) for m in model.modules()
                           if {"input_ids", "position_ids"} <= set(inspect.signature(m.forward).parameters)]
 
@@ -256,7 +282,7 @@ class LoopSGD:
     mode = "loop"
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, budget: Budget,
-                 settings: DPSettings, expected_batch: int, g: torch.Generator) -> None:
+                 settings: DPSettings, expected_batch: int, g: torch.Generator | SecretNormal) -> None:
         self.model, self.plain, self.g = model, optimizer, g
         self.sigma, self.clip, self.batch = budget.noise_multiplier, settings.max_grad_norm, expected_batch
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -280,10 +306,14 @@ class LoopSGD:
 
     def step(self, extra: Callable[[], Sequence[torch.Tensor] | None] | None = None,
              max_grad_norm: float | None = None) -> None:
-        from opacus.optimizers.optimizer import _generate_noise  # Opacus's noise, in its secure mode
+        from opacus.optimizers.optimizer import _generate_noise  # Opacus's noise, in its secure mode (seeded)
 
         for p, acc in zip(self.params, self.summed):
-            p.grad = (acc + _generate_noise(self.sigma * self.clip, acc, self.g, secure_mode=True)) / self.batch
+            if isinstance(self.g, torch.Generator):
+                p.grad = (acc + _generate_noise(self.sigma * self.clip, acc, self.g, secure_mode=True)) / self.batch
+            else:
+                p.grad = ((acc.double() + self.g.normal(self.sigma * self.clip, acc.shape, acc.device))
+                          / self.batch).to(acc.dtype)
             acc.zero_()
         finish_step(self.params, self.plain, extra, max_grad_norm)
         self.plain.zero_grad(set_to_none=True)
@@ -342,7 +372,7 @@ def train_private(model: torch.nn.Module, examples: Sequence, collate: Callable[
         optimizer_state(plain)
     schedule = StepSchedule(parts.schedule, plain, warmup, schedule_start, schedule_total or steps)
     g = generator(settings, seed)  # the Poisson samples
-    noise = generator(settings, seed + 1, device)
+    noise = generator(settings, seed + 1, device) if settings.seeded else SecretNormal()  # fedsilo.privacy.noise
     dp = LoopSGD(model, plain, budget, settings, batch_size, noise) if settings.clipping == "loop" else \
         PrivateSGD(model, plain, budget, settings, task.rows_per_example, batch_size, noise)
     extra = regularizer_grads(params, anchor or {}, parts.regularizers, objective_terms)

@@ -27,6 +27,9 @@ class Release(Protocol):
     upload's tensors, `received` what the round started from; returns the released values."""
     def __call__(self, values: Tensors, received: Tensors, run_seed: int) -> Tensors: ...
 
+    def accounted(self) -> list[dict]:
+        """Each DP mechanism of a release, as the silo's privacy ledger records it ([]: none)."""
+
 
 class Mask(Protocol):
     """The last stage (secure aggregation): the update as the server may see it. `layout_for(model,

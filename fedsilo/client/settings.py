@@ -40,7 +40,8 @@ class DPSettings(Strict):
                             "(any model, slower); auto: ghost unless the model ties parameters, else per_example, "
                             "and loop for a model Opacus's batched rules cannot take")
     noise: Literal["secret", "seeded"] = Field(
-        "secret", description="secret: sampling and noise from os.urandom (what the guarantee assumes); seeded: "
+        "secret", description="secret: noise from a cryptographically secure generator (AES-CTR keyed by os.urandom), "
+                              "sampling seeded from os.urandom (what the guarantee assumes); seeded: "
                               "from the run seed, to reproduce numbers exactly. Anyone who knows the seed can "
                               "remove the noise")
 

@@ -7,6 +7,7 @@ previous round, personal models), its optimiser state when that persists, and sm
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,8 +19,9 @@ from fedsilo.core.lora import limit_rank
 from fedsilo.core.messages import ClientUpdate
 from fedsilo.core.tensors import Tensors
 from fedsilo.core.transforms import RoundInstructions, SiloRefused, TransformContext, encode, refusal
-from fedsilo.errors import StoreError
+from fedsilo.errors import ConfigError, StoreError
 from fedsilo.models.lora import RECEIVED_ONLY
+from fedsilo.privacy.ledger import Admission, SiloLedger
 from fedsilo.models.precision import autocast
 from fedsilo.tasks.tokens import PreTokenized, row_length, tokenized
 
@@ -67,6 +69,8 @@ class SiloClient:
                  recipe: ClientRecipe) -> None:
         self.name, self.task, self.examples, self.model, self.store = name, task, examples, model, store
         self.recipe, self.policy = recipe, None
+        self.identity = None  # the silo's signing key and roster (fedsilo.privacy.roster), set by its operator
+        self.ledger: SiloLedger | None = None  # its privacy ledger (fedsilo.privacy.ledger), set by its operator
         self.index, self.cfg, self.plan, self.rounds = recipe.index, recipe.settings, recipe.plan, recipe.rounds
         self.precision = recipe.precision
         self.shared_names, self.private_names = self.plan.split(federated_parameters(model))
@@ -129,15 +133,21 @@ class SiloClient:
         names = self.plan.choose_download(self.store.round + 1, self.shared_names, state.meta.get("uploaded"))
         self.start_point({k: global_tensors[k] for k in names}, state)
 
-    def fit(self, round_idx: int, received: Tensors, seed: int, on_step: Callable[[], None] | None = None
-            ) -> ClientUpdate:
-        """One round as a fixed pipeline (fedsilo.client.recipe): check, receive, before-training hook,
-        train, select the upload, after-training pass, release, encode, mask. The silo's own checks run
-        before anything is trained; nothing leaves before the release."""
+    def fit(self, round_idx: int, received: Tensors, seed: int, on_step: Callable[[], None] | None = None,
+            admitted: Admission | None = None) -> ClientUpdate:
+        """One round as a fixed pipeline (fedsilo.client.recipe): ledger, check, receive, before-training
+        hook, train, select the upload, after-training pass, release, encode, record, mask. The silo's
+        own checks run before anything is trained; nothing leaves before the release is in its ledger.
+        `admitted`: the ledger's answer when the caller asked it first (`admit`)."""
         start, trainer = time.perf_counter(), self.recipe.trainer
+        admitted = admitted or self.admit(round_idx, received)
+        if admitted.resend is not None:  # the same round and payload again: what left then, as it left
+            stored, device = admitted.resend, next(self.model.parameters()).device
+            self.store.put(self.name, ClientState(stored.slots, stored.meta))
+            return dataclasses.replace(stored.update, tensors={k: t.to(device) for k, t in stored.update.tensors.items()})
         state = self._state()
         work = RoundWork(round_idx, seed, client_seed(seed, round_idx, self.index), received, state,
-                         trainer.budget(self, state), on_step)
+                         trainer.accountant(self), on_step)
         self._check(work)
         work.received = self._receive(received, state)
         examples, phases = self._before_training(work, start)
@@ -158,7 +168,36 @@ class SiloClient:
                                 personal_terms=personal_terms, phase_seconds=phases,
                                 lr_last=result.lr if trainer.parts.varies_lr else None,
                                 transforms=transformed)
+        self._record(work, admitted, update, result.steps, slots, meta)
         return self.mask(update, work.received) if self.mask is not None else update
+
+    @property
+    def keeps_ledger(self) -> bool:
+        """Whether this silo's updates are protected releases — DP (DP-SGD, or a release stage that adds
+        noise) or masked (secure aggregation: an input summed over two survivor sets is revealed by their
+        difference): then its privacy ledger records each, and a run's rounds only go forward."""
+        release = self.recipe.release
+        return self.recipe.trainer.private or (release is not None and bool(release.accounted())) or \
+            self.mask is not None
+
+    def admit(self, round_idx: int, received: Tensors) -> Admission:
+        """The ledger's stage, first of all: a round not above this run's last release is refused
+        (SiloRefused), unless it provably re-sends that release (fedsilo.privacy.ledger)."""
+        if not self.keeps_ledger:
+            return Admission()
+        if self.ledger is None:
+            raise ConfigError(f"silo {self.name} releases under DP but was given no privacy ledger (its engine "
+                              "gives one: a SuperNode's node config `ledger`, in-process the run directory)")
+        return self.ledger.admit(round_idx, received, secure=self.mask is not None)
+
+    def _record(self, work: RoundWork, admitted: Admission, update: ClientUpdate, steps: int, slots: dict,
+                meta: dict) -> None:
+        """Each DP mechanism of the release into the ledger, durably, before the update leaves."""
+        if not self.keeps_ledger:
+            return
+        release = self.recipe.release
+        mechanisms = self.recipe.trainer.accounted(self, work, steps) + (release.accounted() if release else [])
+        self.ledger.record(work.round, admitted, update, mechanisms, slots, meta, masked=self.mask is not None)
 
     def _check(self, work: RoundWork) -> None:
         """The silo's own checks, its policy and its trainer's budget: SiloRefused before anything else."""
@@ -212,7 +251,6 @@ class SiloClient:
                                work.seed, self.plan.upload_options)
         upload = [k for k in self.plan.choose_upload(ctx) if k not in self.received_only]
         slots, meta = self._kept(work.state, params, upload, steps, opt)
-        self.recipe.trainer.keep(meta, work)
         return now, upload, slots, meta
 
     def _after_training(self, work: RoundWork, examples: Sequence, slots: dict, phases: dict) -> dict:
@@ -236,11 +274,17 @@ class SiloClient:
         return values, transformed
 
     def _asked(self, work: RoundWork) -> Asked:
-        """This round's demands as the silo's policy reads them: every shared tensor may be sent; its DP ε
-        projected to the last round from its own accountant."""
-        epsilon = self.recipe.trainer.projected_epsilon(self, work) if work.budget is not None else None
-        return Asked(work.round, self.rounds, tuple(self.shared_names), epsilon,
-                     self.cfg.dp is not None and self.cfg.dp.seeded, self.mask is not None)
+        """This round's demands as the silo's policy reads them, from the config of the message that asks:
+        every shared tensor may be sent; its DP ε projected to the last round from its own accountant; σ the
+        smaller of the accountant's and the one this config plans (a server that lowers σ or raises the
+        target mid-run asks for less noise, whatever the silo still holds)."""
+        trainer, budget = self.recipe.trainer, work.budget
+        epsilon = trainer.projected_epsilon(self, work) if budget is not None else None
+        sigma = min(budget.noise_multiplier, trainer.planned(self).noise_multiplier) \
+            if budget is not None else None
+        secure = self.mask is not None
+        return Asked(work.round, self.rounds, tuple(self.shared_names), epsilon, sigma,
+                     self.cfg.dp is not None and self.cfg.dp.seeded, secure, secure and self.identity is not None)
 
     def _reference(self, own: Tensors, received: Tensors) -> Tensors | None:
         """What an upload selector compares this round's tensors with: the client's own at the end of its

@@ -1,8 +1,8 @@
 """The train position of a silo's round: plain training or DP-SGD, one object each.
 
 A trainer says what its round reports (DP-SGD: the accountant, never a loss computed on records), what
-it keeps in the silo's store (its accountant) and what it refuses (a round past its target ε); the
-silo's loop does not ask which one it holds.
+the silo's privacy ledger records of it (DP-SGD: σ, q, steps, δ; fedsilo.privacy.ledger) and what it
+refuses (a round past its target ε); the silo's loop does not ask which one it holds.
 """
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from dataclasses import dataclass
 
 from fedsilo.core.messages import ClientUpdate
 
-from .private import Budget, check_budget, plan_budget, steps_per_round, train_private
+from .private import Budget, check_budget, plan_budget, sampling, steps_per_round, train_private
 from .train import TrainingParts, train_local
+
+LEVEL = "record"  # the privacy ledger's level of DP-SGD's releases: neighbouring data sets differ in one record
 
 
 @dataclass
@@ -30,8 +32,14 @@ class RoundWork:
 class PlainTrainer:
     """Local training (fedsilo.client.train.train_local) under the silo's objective."""
     parts: TrainingParts = TrainingParts()  # optimiser, schedule, batch order, regularisers, resolved
+    private = False                         # its updates are no DP release (no privacy ledger for them)
 
-    def budget(self, client, state) -> Budget | None:
+    def planned(self, client) -> Budget | None:
+        """The accountant this round's config plans, before any history (None: no record-level DP)."""
+        return None
+
+    def accountant(self, client) -> Budget | None:
+        """The silo's accountant for this round, from its privacy ledger (None: no record-level DP)."""
         return None
 
     def refuse(self, client, work: RoundWork) -> None:
@@ -40,6 +48,10 @@ class PlainTrainer:
     def projected_epsilon(self, client, work: RoundWork) -> float | None:
         """The silo's ε by the run's last round, as its policy reads it (None: no record-level DP)."""
         return None
+
+    def accounted(self, client, work: RoundWork, steps: int) -> list[dict]:
+        """What the privacy ledger records of this round's training (no DP: nothing)."""
+        return []
 
     def train(self, client, work: RoundWork, items, collate, lengths, restore, span):
         cfg, received = client.cfg, work.received
@@ -60,32 +72,45 @@ class PlainTrainer:
         return ClientUpdate(values, len(client.examples), result.steps, result.losses, delta_loss=result.delta_loss,
                             mean_loss=result.mean_loss, terms=result.terms, **numbers)
 
-    def keep(self, meta: dict, work: RoundWork) -> None:
-        """What the trainer leaves in the silo's store metadata."""
-
 
 @dataclass(frozen=True)
 class DPSGDTrainer(PlainTrainer):
     """DP-SGD (fedsilo.client.private): Poisson samples, clipped per-example gradients, noise; the silo's
-    own accountant, planned (σ fixed) at its first DP round and kept in its store."""
+    accountant over every release its privacy ledger holds for its data (all runs), σ fixed at this run's
+    first DP release."""
+    private = True
 
     def steps(self, client) -> int:
         cfg = client.cfg
         return steps_per_round(len(client.examples), cfg.batch_size, cfg.epochs, cfg.steps)
 
-    def budget(self, client, state) -> Budget:
-        if "dp" in state.meta:
-            return Budget.from_meta(state.meta["dp"])
+    def planned(self, client) -> Budget:
         cfg = client.cfg
         return plan_budget(cfg.dp, len(client.examples), cfg.batch_size, self.steps(client), client.rounds)
+
+    def accountant(self, client) -> Budget:
+        """History: every record-level release of the silo's scope (its data), every run; σ: this run's, or
+        planned for this run's rounds on top of that history."""
+        ledger, cfg, n = client.ledger, client.cfg, len(client.examples)
+        spent, ours = ledger.history(LEVEL), ledger.this_run(LEVEL)
+        if not ours:
+            return plan_budget(cfg.dp, n, cfg.batch_size, self.steps(client), client.rounds, spent)
+        q, delta = sampling(cfg.dp, n, cfg.batch_size)
+        return Budget(ours[0][0], q, delta, cfg.dp.target_epsilon, spent)
 
     def refuse(self, client, work: RoundWork) -> None:
         """BudgetSpent before anything is trained when the round would pass the target ε."""
         check_budget(work.budget, self.steps(client), client.name, work.round)
 
     def projected_epsilon(self, client, work: RoundWork) -> float:
-        left = max(0, client.rounds - work.round + 1) * self.steps(client)
+        """ε by the run's last round, counting the round asked even when `rounds` is below its index."""
+        left = max(1, client.rounds - work.round + 1) * self.steps(client)
         return work.budget.epsilon(left)
+
+    def accounted(self, client, work: RoundWork, steps: int) -> list[dict]:
+        b = work.budget
+        return [{"level": LEVEL, "noise_multiplier": b.noise_multiplier, "sample_rate": b.sample_rate, "steps": steps,
+                 "delta": b.delta, "target_epsilon": b.target_epsilon}]
 
     def train(self, client, work: RoundWork, items, collate, lengths, restore, span):
         cfg, received = client.cfg, work.received
@@ -101,6 +126,3 @@ class DPSGDTrainer(PlainTrainer):
         """What leaves: the noisy model and the accountant's ε; no loss computed on records."""
         numbers.pop("personal_terms", None)
         return ClientUpdate(values, len(client.examples), result.steps, privacy=work.budget.record(), **numbers)
-
-    def keep(self, meta: dict, work: RoundWork) -> None:
-        meta["dp"] = work.budget.to_meta()

@@ -25,7 +25,9 @@ Error feedback (`error_feedback = true`, the default; Seide et al. 2014, Karimir
 silo keeps e, what compression dropped, and sends C(Δ + e) next round, so a dropped part is sent later
 instead of lost: after T rounds the server has received Σ Δ_t − e_T, e_T being only the last round's
 compression error (for a steady update the sum's relative error falls as 1/T). e lives in the
-transform's state on the silo (its store), so a resumed run continues with the same residual.
+transform's state on the silo (its store), so a resumed run continues with the same residual. A round
+whose u holds a NaN or an Inf is refused on the silo (SiloRefused naming the tensor) before anything is
+coded: kept in e, one such value would be added to every later round, so no residual ever holds one.
 
 A codec is the chain's last transform: what it sends is no longer the tensors' values.
 """
@@ -44,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fedsilo.registry import Policy, Registry
 
 from .tensors import Tensors, nbytes
-from .transforms import UPLOAD_TRANSFORMS, TransformContext, UploadTransform
+from .transforms import UPLOAD_TRANSFORMS, SiloRefused, TransformContext, UploadTransform
 
 SEP = "::"  # `<name>::<part>` names a side tensor; a model whose tensor names hold it is refused (recipe.check_plan)
 
@@ -163,27 +165,50 @@ def _from_topk(name: str, parts: Tensors, n: int, options: TopkSettings) -> torc
 
 def _encode(codec: Codec, values: Tensors, ctx: TransformContext,
             options: CompressionSettings) -> tuple[Tensors, dict]:
-    """C(u) for u = Δ + e per tensor; with error feedback ctx.state[name] ← u − D(C(u))."""
+    """C(u) for u = Δ + e per tensor; with error feedback ctx.state[name] ← u − D(C(u)). Every u is
+    checked before any is coded, and the residuals are kept only once all are: a NaN or Inf kept in a
+    residual would be added to every later round (int8 then sends a whole block of NaN each round),
+    so such a round is refused on the silo, naming the tensor, and leaves the residuals as they were."""
+    updates = {name: _with_residual(name, value, ctx, options) for name, value in values.items()}
+    for name, u in updates.items():
+        _refuse_non_finite(name, u, "update")
     wire: Tensors = {}
+    left_of: Tensors = {}
     raw, lost, total = 0, 0.0, 0.0
-    for name, value in values.items():
-        work = torch.float64 if value.dtype == torch.float64 else torch.float32
-        u = (value.to(work) - ctx.reference[name].to(value.device, work)).flatten()
-        if options.error_feedback and name in ctx.state:
-            residual = ctx.state[name]
-            if residual.shape != value.shape:
-                raise ValueError(f"{name!r}: the silo's residual has shape {tuple(residual.shape)}, "
-                                 f"the tensor {tuple(value.shape)}")
-            u = u + residual.to(u).flatten()
+    for name, u in updates.items():
         parts = codec.compress(u, options)
         left = u - codec.expand(name, parts, u.numel(), options).to(u)
-        if options.error_feedback:
-            ctx.state[name] = left.view(value.shape)
+        _refuse_non_finite(name, left, "coding error")
+        left_of[name] = left.view(values[name].shape)
         wire.update({_key(name, part): t for part, t in parts.items()})
         raw += 4 * u.numel()
         lost += float(left.double().square().sum())
         total += float(u.double().square().sum())
+    if options.error_feedback:
+        ctx.state.update(left_of)
     return wire, {"bytes": nbytes(wire), "raw_bytes": raw, "error": math.sqrt(lost / total) if total else 0.0}
+
+
+def _with_residual(name: str, value: torch.Tensor, ctx: TransformContext, options: CompressionSettings) -> torch.Tensor:
+    """u = Δ (+ the silo's residual e under error feedback), flat, in float32 (float64 for float64)."""
+    work = torch.float64 if value.dtype == torch.float64 else torch.float32
+    u = (value.to(work) - ctx.reference[name].to(value.device, work)).flatten()
+    if options.error_feedback and name in ctx.state:
+        residual = ctx.state[name]
+        if residual.shape != value.shape:
+            raise ValueError(f"{name!r}: the silo's residual has shape {tuple(residual.shape)}, "
+                             f"the tensor {tuple(value.shape)}")
+        u = u + residual.to(u).flatten()
+    return u
+
+
+def _refuse_non_finite(name: str, u: torch.Tensor, what: str) -> None:
+    finite = torch.isfinite(u)
+    if not bool(finite.all()):
+        nan = int(torch.isnan(u).sum())
+        raise SiloRefused(f"the {what} of {name!r} holds {nan} NaN and {u.numel() - int(finite.sum()) - nan} Inf of "
+                          f"{u.numel()} values (error feedback included): refused before coding; nothing left the "
+                          "silo and its residual is unchanged")
 
 
 def _decode(codec: Codec, wire: Tensors, reference: Tensors, options: CompressionSettings) -> Tensors:

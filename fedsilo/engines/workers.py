@@ -148,7 +148,8 @@ _CLIENTS: dict = {}      # name → SiloClient: inherited by fork, or built by `
 _STEPS = None            # queue of finished optimiser steps, for the parent's progress bar
 
 
-def _init_worker(threads: int, steps, spawn_from: dict | None, counter, parent: int, policies: dict) -> None:
+def _init_worker(threads: int, steps, spawn_from: dict | None, counter, parent: int, policies: dict,
+                 ledgers: dict) -> None:
     global _STEPS, _CLIENTS
     _die_with(parent)
     torch.set_num_threads(threads)
@@ -160,6 +161,8 @@ def _init_worker(threads: int, steps, spawn_from: dict | None, counter, parent: 
         _CLIENTS = _build(spawn_from, rank)
         from fedsilo.recipe import give_policies
         give_policies(_CLIENTS, policies)  # each silo's own policy, as in the run's process
+        for name, ledger in ledgers.items():  # and its privacy ledger (the same file)
+            _CLIENTS[name].ledger = ledger
 
 
 def _die_with(parent: int) -> None:
@@ -214,7 +217,8 @@ class WorkerPool:
         _CLIENTS = clients  # what fork children inherit
         self.pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
                                         initargs=(threads, self.steps, config if method == "spawn" else None,
-                                                  ctx.Value("i", 0), os.getpid(), policies or {}))
+                                                  ctx.Value("i", 0), os.getpid(), policies or {},
+                                                  {n: c.ledger for n, c in clients.items() if c.ledger is not None}))
 
     def run_round(self, server: Server, clients: dict, sampled: Sequence[str], round_idx: int, seed: int,
                   progress: Progress | None, deliver=None) -> None:

@@ -6,6 +6,7 @@ import math
 
 from fedsilo.core.weighting import WEIGHTINGS
 from fedsilo.privacy.accountant import Budget, noise_for
+from fedsilo.privacy.secagg import SecAggSettings
 from fedsilo.privacy.silo_dp import SiloDP, SiloDPStage, SiloRelease
 
 from .common import changed_limits
@@ -47,14 +48,37 @@ def check(recipe) -> str | None:
                           "the sensitivity bound does not cover (federation.silo_dp.clip bounds each update)")
 
 
+def fewest_answers(cfg):
+    """n sampled silos -> the fewest answers that still form an aggregate: under secure aggregation its
+    threshold t (fewer and no sum is formed, so nothing is released); otherwise 1 (the server applies a round
+    from one accepted update)."""
+    secure = cfg.federation.secure_aggregation
+    if secure is None:
+        return lambda n: 1
+    settings = SecAggSettings(threshold=secure.threshold, step=secure.step)
+
+    def fewest(n: int) -> int:
+        try:
+            return settings.threshold_for(n)
+        except ValueError:  # too few silos for the protocol: no sum, no release
+            return n
+    return fewest
+
+
 def mechanism(cfg) -> SiloDP | None:
-    """The federation's silo-level DP: σ given, or derived from the target over federation.rounds."""
+    """The federation's silo-level DP: σ given, or derived from the target over federation.rounds — in
+    distributed mode sized so that every round fits even when only the fewest silos that still form an
+    aggregate answer (σ·√(k/m) is then what each round is accounted with)."""
     dp = cfg.federation.silo_dp
     if dp is None:
         return None
-    sigma = dp.noise_multiplier or noise_for(dp.target_epsilon, dp.delta, 1.0, cfg.federation.rounds)
+    m, fewest = cfg.silos_per_round, fewest_answers(cfg)
+    sigma = dp.noise_multiplier
+    if sigma is None:
+        worst = 1.0 if dp.central else math.sqrt(m / max(1, min(fewest(m), m)))
+        sigma = noise_for(dp.target_epsilon, dp.delta, 1.0, cfg.federation.rounds) * worst
     return SiloDP(dp.central, dp.clip, sigma, Budget(sigma, 1.0, dp.delta, dp.target_epsilon),
-                  seed=cfg.seed if dp.seeded else None)
+                  seed=cfg.seed if dp.seeded else None, shares=m, fewest=fewest)
 
 
 def server_stage(cfg, weighting) -> SiloDPStage | None:
@@ -64,10 +88,10 @@ def server_stage(cfg, weighting) -> SiloDPStage | None:
 
 
 def release(cfg) -> SiloRelease | None:
-    """A silo's side: its update clipped, and in distributed mode its share of the noise, σ·C/√m for m
-    silos a round."""
+    """A silo's side: its update clipped, and in distributed mode its share of the noise, σ·C/√m for the m
+    silos a round samples (the m the server's accountant divides by)."""
     dp = mechanism(cfg)
     if dp is None:
         return None
-    return SiloRelease(dp.clip, 0.0 if dp.central else dp.noise_multiplier * dp.clip / math.sqrt(
-        cfg.silos_per_round), dp.seed is not None)
+    return SiloRelease(dp.clip, 0.0 if dp.central else dp.noise_multiplier * dp.clip / math.sqrt(dp.shares),
+                       dp.seed is not None)

@@ -1,6 +1,6 @@
 """The accountant both privacy levels use: Opacus's RDP accountant of the (subsampled) Gaussian
-mechanism over a history of (σ, q, steps), kept as JSON wherever its owner keeps state (a silo's store
-for DP-SGD, the server's checkpoint for silo-level DP)."""
+mechanism over a history of (σ, q, steps): a silo's DP-SGD history comes from its privacy ledger
+(fedsilo.privacy.ledger), silo-level DP's from the server's checkpoint."""
 from __future__ import annotations
 
 import warnings
@@ -67,12 +67,31 @@ class Budget:
                 **({"target_epsilon": self.target_epsilon} if self.target_epsilon is not None else {})}
 
 
-def noise_for(target_epsilon: float, delta: float, sample_rate: float, steps: int) -> float:
-    """The smallest σ (within Opacus's search, 0.01 below the target) whose ε after `steps` steps at rate q
-    stays within `target_epsilon`, over the same orders as `Budget`."""
-    from opacus.accountants.utils import get_noise_multiplier
+def noise_for(target_epsilon: float, delta: float, sample_rate: float, steps: int,
+              spent: list[tuple[float, float, int]] | tuple = ()) -> float:
+    """The smallest σ (within 0.01 below the target) whose ε after `steps` steps at rate q, on top of the
+    steps already `spent` (a silo's privacy ledger: earlier runs on the same data), stays within
+    `target_epsilon`, over the same orders as `Budget`. Nothing spent: Opacus's own search. Where even
+    σ = 10⁴ cannot fit the steps under what is left, that σ (the round check then refuses)."""
+    if not spent:
+        from opacus.accountants.utils import get_noise_multiplier
 
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Optimal order is the")
-        return float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=delta, sample_rate=sample_rate,
-                                          steps=steps, accountant="rdp", epsilon_tolerance=0.01, alphas=ORDERS))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Optimal order is the")
+            return float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=delta, sample_rate=sample_rate,
+                                              steps=steps, accountant="rdp", epsilon_tolerance=0.01, alphas=ORDERS))
+
+    def eps(sigma: float) -> float:
+        return Budget(sigma, sample_rate, delta, history=list(spent)).epsilon(steps)
+
+    lo, hi = 0.0, 1.0
+    while eps(hi) > target_epsilon:
+        lo, hi = hi, hi * 2
+        if hi > 1e4:
+            return hi
+    for _ in range(60):  # ε falls as σ grows: bisect until ε(hi) is within 0.01 below the target
+        if target_epsilon - eps(hi) <= 0.01:
+            break
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if eps(mid) <= target_epsilon else (mid, hi)
+    return hi

@@ -15,6 +15,11 @@ class SecureAggregationConfig(Strict):
                                                           "tolerates n − t dropping; None: a majority, n//2 + 1")
     step: FiniteFloat = Field(2.0 ** -32, gt=0, lt=1, description="fixed-point step: each coordinate of the sum is "
                                                                    "exact to (silos) × step / 2")
+    roster_fingerprint: str | None = Field(
+        None, pattern=r"^sha256:[0-9a-f]{64}$",
+        description="the federation roster every silo must hold (`fedsilo keys roster` prints it); a silo whose "
+                    "roster differs, or that has none, refuses the round. On Flower only: in-process every silo "
+                    "gets fresh keys per round")
 
 
 class SiloDPConfig(Strict):

@@ -13,6 +13,7 @@ from fedsilo.config import RunConfig
 from fedsilo.errors import DataError
 from fedsilo.sources.check import SiloCheck
 from fedsilo.sources.fingerprint import record
+from fedsilo.sources.read import QuotingDataError, places
 from fedsilo.tasks import TASKS
 
 
@@ -50,16 +51,19 @@ def blocking_error(checks: list[SiloCheck], empty: bool = True) -> DataError | N
     bad = [c for c in checks if (c.problems and not c.skip_bad) or (empty and c.empty_splits)]
     if not bad:
         return None
-    parts = []
+    parts, public = [], []  # public: the same without the reasons, which may quote a row (what may travel)
     for c in bad:
         if c.problems and not c.skip_bad:
             shown = "; ".join(str(p) for p in c.problems[:3])
             more = f" (and {len(c.problems) - 3} more)" if len(c.problems) > 3 else ""
             parts.append(f"silo {c.name}: {len(c.problems)} malformed row(s): {shown}{more}")
+            public.append(f"silo {c.name}: {len(c.problems)} malformed row(s) at {places(c.problems, 3)}")
         if empty and c.empty_splits:
             parts.append(f"silo {c.name}: no {' / '.join(c.empty_splits)} {c.unit}")
-    return DataError("; ".join(parts) + ". `fedsilo data check CONFIG` lists every finding; fix the files, or set "
-                     "bad_rows = \"skip\" in the silo's [task.sources.NAME] to leave malformed rows out")
+            public.append(parts[-1])
+    fix = (". `fedsilo data check CONFIG` lists every finding; fix the files, or set bad_rows = \"skip\" in the "
+           "silo's [task.sources.NAME] to leave malformed rows out")
+    return QuotingDataError("; ".join(parts) + fix, "; ".join(public) + fix)
 
 
 def check_at_start(cfg: RunConfig, run_dir: Path, resume: bool, warn: Callable[[str], None],

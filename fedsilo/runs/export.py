@@ -100,8 +100,9 @@ def export_adapters(run_dir: str | Path, out: str | Path, silo: str | None = Non
     factors = _merged_as_lora(model, base) if merged else {}
     ranks = {module: b.shape[1] for module, (b, _) in factors.items()}
     head = [n.split(".modules_to_save.")[0] for n in params if ".modules_to_save." in n]
+    adapters = pairs(n for n, _ in model.named_parameters())  # ffa's A is frozen, so not among `params`
     config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, bias="none",
-                        target_modules=sorted({p.module.rsplit(".", 1)[-1] for p in pairs(params)}),
+                        target_modules=sorted({p.module.rsplit(".", 1)[-1] for p in adapters}),
                         modules_to_save=sorted(set(head)) or None,
                         rank_pattern=dict(ranks), alpha_pattern=dict(ranks))  # scaling 1 for a merged ΔW
     out = Path(out)

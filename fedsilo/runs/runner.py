@@ -18,8 +18,8 @@ from fedsilo.engines import CrossDomainEngine, Engine
 from fedsilo.engines.local import LocalEngine
 from fedsilo.errors import ConfigError, RunFailed
 from fedsilo.progress import Display, Progress
-from fedsilo.recipe import (TOKENIZER_DIR, build_model, build_recipe, build_server, build_task, store_root,
-                            task_tokenizer)
+from fedsilo.recipe import (LEDGER_FOLDER, TOKENIZER_DIR, build_model, build_recipe, build_server, build_task,
+                            give_ledgers, store_root, task_tokenizer)
 from fedsilo.rundir.datacheck import check_at_start
 from fedsilo.rundir.layout import RunDir, RunDirError, config_hash
 from fedsilo.rundir.lock import RunLock
@@ -144,7 +144,7 @@ def _federate(cfg: RunConfig, run: RunDir, engine, server: Server, spec: MetricS
         sampled = sample_clients(engine.client_names, r, cfg.seed, cfg.federation.sample_fraction,
                                  cfg.federation.sample_count)
         sampled = [c for c in sampled if c not in spent]  # a silo that refused for good is not asked again
-        refused = server.refuses(r)
+        refused = server.refuses(r, sampled)
         if refused:  # silo-level DP: the federation's budget does not allow this round
             progress.warn(refused)
             stopped, rounds = refused, r - 1
@@ -248,6 +248,7 @@ def run_local(cfg: RunConfig, run: RunDir, resume: bool = False, progress: Progr
     with warnings.catch_warnings(record=True) as caught:  # e.g. a token cache entry rebuilt
         warnings.simplefilter("always", UserWarning)
         engine = LocalEngine(cfg, task, model, store, recipe, policies)
+    give_ledgers(engine.clients, run.path / LEDGER_FOLDER, run.run_id)  # each DP silo's privacy ledger
     for message in _surface(caught):
         progress.warn(message)
     try:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fedsilo.errors import DataError
 
-from .read import Problem, Row, read_rows
+from .read import Problem, QuotingDataError, Row, places, read_rows
 from .settings import SPLITS, SourceSettings
 
 SHOWN_PROBLEMS = 5  # in a run's error; `fedsilo data check` lists them all
@@ -117,6 +117,8 @@ def accept(loaded: Loaded, source: SourceSettings, problems: list[Problem] | Non
         warnings.warn(f"silo {loaded.name}: {len(problems)} malformed row(s) left out (bad_rows = \"skip\"): "
                       f"{shown}{more}", stacklevel=2)
         return
-    raise DataError(f"silo {loaded.name}: {len(problems)} malformed row(s): {shown}{more}. `fedsilo data check "
-                    f"CONFIG` lists every one; fix them, or set bad_rows = \"skip\" in [task.sources.{loaded.name}] "
-                    "to leave them out")
+    fix = (f"`fedsilo data check CONFIG` lists every one; fix them, or set bad_rows = \"skip\" in "
+           f"[task.sources.{loaded.name}] to leave them out")
+    raise QuotingDataError(f"silo {loaded.name}: {len(problems)} malformed row(s): {shown}{more}. {fix}",
+                           f"silo {loaded.name}: {len(problems)} malformed row(s) at "
+                           f"{places(problems, SHOWN_PROBLEMS)}. {fix}")

@@ -36,6 +36,22 @@ class Problem:
         return f"{self.where}: {self.reason}"
 
 
+class QuotingDataError(DataError):
+    """A data error whose message may quote the data (a header's names, a cell's value), for the
+    silo's own operator; `public` says the same with file:line and counts only, which is all a
+    silo's error may tell the coordinator (docs/privacy.md, "What travels back to the coordinator")."""
+
+    def __init__(self, message: str, public: str) -> None:
+        super().__init__(message)
+        self.public = public
+
+
+def places(problems: list[Problem], shown: int) -> str:
+    """Where the first `shown` problems are (file:line), without why: a reason may quote the row."""
+    more = f" (and {len(problems) - shown} more)" if len(problems) > shown else ""
+    return ", ".join(p.where for p in problems[:shown]) + more
+
+
 def read_rows(source: SourceSettings, file: Path) -> tuple[list[Row], list[Problem]]:
     """Every row of `file` (for `lines`: the prefix of one file per role) in file order."""
     fmt = source.format_name
@@ -248,8 +264,10 @@ def _columns(source: SourceSettings, path: Path, header: list[str]) -> dict[str,
             index[role] = header.index(name)
         elif role in source.ROLES.required:
             hint = "" if role in source.fields else f" (set fields.{role} to the column holding the {role})"
-            raise DataError(f"{path}: line 1: no column {name!r} for {role}{hint}; the header has "
-                            f"{', '.join(map(repr, header))}")
+            raise QuotingDataError(f"{path}: line 1: no column {name!r} for {role}{hint}; the header has "
+                                   f"{', '.join(map(repr, header))}",
+                                   f"{path}: line 1: no column {name!r} for {role}{hint}; the header has "
+                                   f"{len(header)} other column(s)")
     return index
 
 

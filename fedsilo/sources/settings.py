@@ -27,6 +27,7 @@ SPLITS = ("train", "dev", "test")
 FORMATS = ("jsonl", "csv", "tsv", "lines")
 BENCHMARK = "benchmark"
 _SUFFIX_FORMAT = {".jsonl": "jsonl", ".csv": "csv", ".tsv": "tsv"}
+PATH_KEYS = ("path", "schema_file", "database")  # a source's keys naming a file (a family adds the last two)
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,7 @@ def resolve_paths(raw_sources: object, base: Path) -> None:
     for entry in raw_sources.values():
         if not isinstance(entry, dict):
             continue
-        for key in ("path", "schema_file", "database"):
+        for key in PATH_KEYS:
             value = entry.get(key)
             if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
                 entry[key] = str((base / value).resolve())

@@ -83,5 +83,15 @@ class ScriptedServer:
     def query(self, action: str, run_key: str | None = None, override: dict | None = None, records=None, **config):
         return self.send(f"query.{action}", self.config(run_key, override, **config), **(records or {}))
 
+    def seen_by_server(self, message_type: str, records=None, **config) -> str:
+        """Everything the coordinator receives for one message, as text: the reply's records, or, when
+        the ClientApp raises, the error reason Flower makes of it ("<class 'X'>:<'message'>", as
+        flwr.supernode.runtime.run_clientapp does)."""
+        try:
+            reply = self.send(message_type, self.config(**config), **(records or {}))
+        except Exception as ex:  # noqa: BLE001 - what Flower would send back instead of a reply
+            return str(type(ex)) + ":<'" + str(ex) + "'>"
+        return reply.error.reason if reply.has_error() else repr(reply.content)
+
 
 __all__ = ["ScriptedServer", "toy_raw", "from_arrays"]

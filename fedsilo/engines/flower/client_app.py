@@ -4,9 +4,13 @@ so a message that reaches a fresh process continues where the last one stopped."
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import sys
 import tempfile
 import tomllib
+import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,15 +23,43 @@ from fedsilo.client.silo import SiloClient
 from fedsilo.client.store import DiskStore
 from fedsilo.config import ConfigError, RunConfig, validate
 from fedsilo.core.transforms import SiloRefused
+from fedsilo.errors import DataError, FedsiloError, UnknownChoice
 from fedsilo.models.precision import autocast
+from fedsilo.privacy.ledger import LEDGER_FILE
 from fedsilo.rundir.datacheck import check_at_start
+from fedsilo.sources.confine import confine, silo_folder
 
 from fedsilo.fileio import atomic_write_bytes
 
 from .codec import (from_arrays, masked_to_content, pack, pack_shares, refusal_to_content, rows_to_record, unpack,
                     unpack_keys, update_to_content)
 
-app = ClientApp()
+
+class SiloFailed(FedsiloError, RuntimeError):
+    """What the coordinator learns of a silo's failure: where and what kind, never the silo's data."""
+
+
+def content_free(message: Message, context: Context, call_next) -> Message:
+    """Every handler's exception becomes the coordinator's `reply.error.reason` (Flower sends its
+    text), so the silo logs the full message here, on its own stderr, and lets out only what cannot
+    quote its data: config and policy errors (built from the run's config and the silo's own rules),
+    a data error's `public` form (file:line and counts), else the error's kind alone."""
+    try:
+        return call_next(message, context)
+    except (ConfigError, UnknownChoice, SiloRefused):
+        raise
+    except Exception as err:  # noqa: BLE001 - everything else may quote a row, a header, a file
+        silo = context.node_config.get("silo", context.node_config.get("partition-id", "?"))
+        print(f"fedsilo: error on silo {silo}: {type(err).__name__}: {err}\n{traceback.format_exc()}",
+              file=sys.stderr, flush=True)
+        kind = "DataError" if isinstance(err, DataError) else type(err).__name__
+        public = getattr(err, "public", None)
+        told = f"{kind}: {public.removeprefix(f'silo {silo}: ')}" if isinstance(public, str) else \
+            f"{kind} (its message stays in the silo's own log: it may quote the silo's data)"
+        raise SiloFailed(f"silo {silo}: {told}") from None
+
+
+app = ClientApp(mods=[content_free])
 
 
 @dataclass
@@ -56,16 +88,25 @@ def silo_name(cfg: RunConfig, node_config: dict) -> str:
     return name
 
 
-def silo_view(task, name: str, data_dir, silo_path: str | None):
+def silo_view(task, name: str, data_dir, silo_path: str | None, deployed: bool = True):
     """The task settings as this silo's machine sees them: only its own silo, the benchmark folder it
-    was given, and its own source read from `silo_path` (its path on this machine) when given."""
+    was given, and its own source read from `silo_path` (its path on this machine). Every file the
+    coordinator's config names for it must lie in that folder (fedsilo.sources.confine), checked
+    before any is opened; a SuperNode of its own (`deployed`) without silo-path reads no own files
+    (a simulation's virtual nodes, one operator's processes, read the config's own paths)."""
     view = task.for_silos([name]).model_copy(update={"data_dir": data_dir})
     source = view.own_source(name)
     if silo_path and source is not None:
-        view = view.model_copy(update={"sources": {**view.sources, name: source.model_copy(update={"path": silo_path})}})
+        source = source.model_copy(update={"path": silo_path})
+        confine(name, source, silo_folder(silo_path), "its silo-path")
+        view = view.model_copy(update={"sources": {**view.sources, name: source}})
     elif silo_path:
         raise ConfigError(f"this SuperNode's silo-path {silo_path!r} is for an own silo, but {name} is a benchmark "
                           "silo of this run (its files come from data-dir)")
+    elif source is not None and deployed:
+        raise ConfigError(f"silo {name} is an own silo, but this SuperNode has no silo-path: a silo reads only the "
+                          "folder its operator names (--node-config 'silo-path=\"/its/folder\"'), never a path the "
+                          "coordinator sends")
     return view
 
 
@@ -74,9 +115,21 @@ def _warn_here(message: str) -> None:
     print(f"fedsilo: warning: {message}", file=sys.stderr, flush=True)
 
 
+def ledger_path(node_config: dict, root: Path, run_key: str) -> Path:
+    """The silo's privacy ledger (fedsilo.privacy.ledger): its node config's `ledger`, else beside its
+    state, outside every run key's folder, so a new run key adds to it. Flower's simulation gives its
+    virtual nodes neither `silo` nor `state-dir`: one operator runs every silo there, and the ledger is
+    the run's."""
+    if "ledger" in node_config:
+        return Path(str(node_config["ledger"]))
+    if "silo" in node_config or "state-dir" in node_config:
+        return root / LEDGER_FILE
+    return root / run_key / LEDGER_FILE
+
+
 def silo_for(message: Message, context: Context) -> Silo:
     """Build (once per process) this silo's task, model and client from the run's config."""
-    from fedsilo.recipe import build_client, build_model, build_task
+    from fedsilo.recipe import build_client, build_model, build_task, give_ledger
 
     conf = message.content["config"]
     text = str(conf["config"])
@@ -85,12 +138,16 @@ def silo_for(message: Message, context: Context) -> Silo:
     data_dir = context.node_config.get("data-dir", cfg.task.data_dir)
     root = context.node_config.get("state-dir") or Path(tempfile.gettempdir()) / "fedsilo-flower-state" / name
     policy = context.node_config.get("policy")  # the silo's own rules (fedsilo.client.policy), not the server's
-    key = (hashlib.sha256(text.encode()).hexdigest(), str(conf["run-key"]), name, data_dir, str(root), policy)
+    ledger = ledger_path(context.node_config, Path(root), str(conf["run-key"]))
+    scope = context.node_config.get("ledger-scope")
+    key = (hashlib.sha256(text.encode()).hexdigest(), str(conf["run-key"]), name, data_dir, str(root), policy,
+           str(ledger), scope)
     if key not in _SILOS:
         if cfg.engine.threads != "auto":  # each silo is a process of its own: the threads are all its own
             torch.set_num_threads(cfg.engine.threads)
         # this machine's view: its own silo, its own files (the SuperNode's silo-path and data-dir)
-        own = cfg.model_copy(update={"task": silo_view(cfg.task, name, data_dir, context.node_config.get("silo-path"))})
+        own = cfg.model_copy(update={"task": silo_view(cfg.task, name, data_dir, context.node_config.get("silo-path"),
+                                                       deployed="silo" in context.node_config)})
         model, tokenizer = build_model(own)
         state = Path(root) / str(conf["run-key"])  # the run key is its run id
         check_at_start(own, state, True, _warn_here, silos=[name])  # fingerprints kept on the silo's disk
@@ -99,6 +156,8 @@ def silo_for(message: Message, context: Context) -> Silo:
         client = build_client(cfg, task, model, store, name, task.examples(name, "train"))
         if policy:
             client.policy = read_policy(str(policy))
+        client.identity = _identity(name, context.node_config)  # from the silo's node config, never a message
+        give_ledger(client, ledger, str(conf["run-key"]), scope)  # its place the operator's, never a message's
         _SILOS[key] = Silo(cfg, name, task, client, store)
     return _SILOS[key]
 
@@ -116,11 +175,13 @@ def train(message: Message, context: Context) -> Message:
     silo = silo_for(message, context)
     conf = message.content["config"]
     round_idx = int(conf["round"])
-    silo.store.truncate(round_idx - 1)  # state of an unfinished earlier attempt at this round
-    silo.store.prune([int(r) for r in conf["keep"]] + [round_idx - 1])
-    silo.store.set_round(round_idx)
+    received = from_arrays(message.content["arrays"])
     try:
-        update = silo.client.fit(round_idx, from_arrays(message.content["arrays"]), silo.cfg.seed)
+        admitted = silo.client.admit(round_idx, received)  # the privacy ledger first: a refused replay truncates nothing
+        silo.store.truncate(round_idx - 1)  # state of an unfinished earlier attempt at this round
+        silo.store.prune([int(r) for r in conf["keep"]] + [round_idx - 1])
+        silo.store.set_round(round_idx)
+        update = silo.client.fit(round_idx, received, silo.cfg.seed, admitted=admitted)
     except SiloRefused as err:  # the silo's own check: no arrays in the reply, only why
         return Message(refusal_to_content(str(err), silo.name, err.final), reply_to=message)
     if update.secure_input is not None:  # masked here, on the silo, with the keys it shared this round
@@ -131,9 +192,33 @@ def train(message: Message, context: Context) -> Message:
     return Message(update_to_content(update, silo.name), reply_to=message)
 
 
-# ---- secure aggregation (fedsilo.privacy.secagg): the silo's side of stages 1, 2 and 4 ---------------
+# ---- secure aggregation (fedsilo.privacy.secagg): the silo's side of stages 1, 2, 4 and 5 ------------
 # A stage may reach this silo in another process (Flower's simulation reuses workers across nodes), so
-# the protocol client is kept between stages in the silo's own state folder and deleted after stage 4.
+# the protocol client is kept between stages in the silo's own state folder and deleted after stage 5.
+# The silo's identity (signing key and roster) comes from its SuperNode's node config, never from a
+# message: `roster="FILE"` and `signing-key="FILE"` (fedsilo.privacy.roster; `fedsilo keys`).
+
+def _identity(name: str, node_config: dict):
+    """This silo's signing key and roster, or None when its operator set neither (semi-honest only)."""
+    from fedsilo.privacy.roster import load_identity
+    roster, key = node_config.get("roster"), node_config.get("signing-key")
+    if roster is None and key is None:
+        return None
+    if roster is None or key is None:
+        raise ConfigError("this SuperNode's node config sets only one of roster and signing-key; a silo's "
+                          "identity needs both (e.g. --node-config 'roster=\"roster.toml\" signing-key=\"silo.key\"')")
+    return load_identity(name, str(key), str(roster))
+
+
+@contextmanager
+def _refusing():
+    """A protocol check that fails is this silo's refusal, said in full to the coordinator (it names silos,
+    stages and rounds, never the silo's data), before anything of the stage leaves."""
+    try:
+        yield
+    except (ValueError, RuntimeError) as err:
+        raise SiloRefused(str(err)) from None
+
 
 def _secagg_path(silo: Silo, conf) -> Path:
     return silo.store.root / "secagg" / f"round-{int(conf['round'])}.json"
@@ -145,7 +230,7 @@ def _secagg(silo: Silo, conf):
     if not path.is_file():
         raise ConfigError(f"secure aggregation: {silo.name} holds no keys of round {int(conf['round'])} "
                           "(its stage-1 state is gone)")
-    return SecAggClient.from_state(path.read_bytes())
+    return SecAggClient.from_state(path.read_bytes(), silo.client.identity)
 
 
 def _keep_secagg(silo: Silo, conf, protocol) -> None:
@@ -154,15 +239,35 @@ def _keep_secagg(silo: Silo, conf, protocol) -> None:
     atomic_write_bytes(path, protocol.to_state())
 
 
+def _claim(silo: Silo, conf, stage: str, what: bytes) -> None:
+    """Answer-once, atomically: the first request of a stage creates the stage's claim file (O_EXCL), and
+    any other request of that stage, however close in time, finds it there and is refused."""
+    path = _secagg_path(silo, conf).with_suffix(f".{stage}")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise ValueError(f"secure aggregation: {silo.name} already answered the {stage} request of round "
+                         f"{int(conf['round'])}; it answers it once") from None
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(what)
+
+
 @app.query("secagg_keys")
 def secagg_keys(message: Message, context: Context) -> Message:
     from fedsilo.engines.secure import protocol_settings
     from fedsilo.privacy.secagg import SecAggClient
     silo = silo_for(message, context)
     conf = message.content["config"]
-    protocol = SecAggClient(silo.name, list(conf["silos"]), protocol_settings(silo.cfg.federation.secure_aggregation),
-                            str(conf["protocol-round"]))
-    for stale in _secagg_path(silo, conf).parent.glob("round-*.json"):  # keys of rounds this silo dropped out of
+    secure, identity = silo.cfg.federation.secure_aggregation, silo.client.identity
+    if secure.roster_fingerprint is not None and (identity is None or
+                                                  identity.roster.fingerprint() != secure.roster_fingerprint):
+        held = "no roster (node config roster, signing-key)" if identity is None else identity.roster.fingerprint()
+        raise SiloRefused(f"secure aggregation: the run expects roster {secure.roster_fingerprint}; {silo.name} "
+                          f"holds {held}")
+    with _refusing():
+        protocol = SecAggClient(silo.name, list(conf["silos"]), protocol_settings(secure),
+                                str(conf["protocol-round"]), identity)
+    for stale in _secagg_path(silo, conf).parent.glob("round-*.*"):  # keys and claims of rounds it dropped out of
         stale.unlink(missing_ok=True)
     _keep_secagg(silo, conf, protocol)
     return Message(RecordDict({"secagg": ConfigRecord(protocol.advertise_keys())}), reply_to=message)
@@ -173,9 +278,23 @@ def secagg_share(message: Message, context: Context) -> Message:
     silo = silo_for(message, context)
     conf = message.content["config"]
     protocol = _secagg(silo, conf)
-    packets = protocol.share_keys(unpack_keys(message.content["secagg"]))
+    with _refusing():
+        packets = protocol.share_keys(unpack_keys(message.content["secagg"]))
     _keep_secagg(silo, conf, protocol)
     return Message(RecordDict({"secagg": pack(packets, "to")}), reply_to=message)
+
+
+@app.query("secagg_check")
+def secagg_check(message: Message, context: Context) -> Message:
+    """The consistency round: sign the survivor set, once, if it fits this silo's own view."""
+    silo = silo_for(message, context)
+    conf = message.content["config"]
+    protocol = _secagg(silo, conf)
+    with _refusing():
+        signed = protocol.consistency(list(conf["survivors"]))
+        _claim(silo, conf, "consistency", json.dumps(list(conf["survivors"])).encode())
+    _keep_secagg(silo, conf, protocol)
+    return Message(RecordDict({"secagg": ConfigRecord(signed)}), reply_to=message)
 
 
 @app.query("secagg_unmask")
@@ -183,7 +302,9 @@ def secagg_unmask(message: Message, context: Context) -> Message:
     silo = silo_for(message, context)
     conf = message.content["config"]
     protocol = _secagg(silo, conf)
-    shares = protocol.unmask(list(conf["survivors"]), list(conf["dropped"]))
+    with _refusing():
+        shares = protocol.unmask(unpack(message.content["secagg"], "sig"))
+        _claim(silo, conf, "unmask", b"")
     _secagg_path(silo, conf).unlink(missing_ok=True)  # the round's keys are of no further use
     return Message(RecordDict({"secagg": pack_shares(shares)}), reply_to=message)
 

@@ -82,8 +82,10 @@ def pack_keys(public_keys: dict[str, dict[str, bytes]]) -> ConfigRecord:
 
 
 def unpack_keys(record) -> dict[str, dict[str, bytes]]:
-    c, s = unpack(record, "c_pk"), unpack(record, "s_pk")
-    return {name: {"c_pk": c[name], "s_pk": s[name]} for name in c if name in s}
+    """{silo: {c_pk, s_pk and, when it signed its advertisement, sig}}."""
+    c, s, sig = unpack(record, "c_pk"), unpack(record, "s_pk"), unpack(record, "sig")
+    return {name: {"c_pk": c[name], "s_pk": s[name], **({"sig": sig[name]} if name in sig else {})}
+            for name in c if name in s}
 
 
 def pack_shares(shares: dict) -> ConfigRecord:

@@ -7,16 +7,17 @@ The server never opens client data: it learns each silo's name and size from the
 from __future__ import annotations
 
 import time
+import warnings
 
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedsilo.config import RunConfig, to_toml
-from fedsilo.errors import ConfigError, RunFailed
+from fedsilo.errors import ConfigError, ConfigWarning, RunFailed
 from fedsilo.progress import Progress
 from fedsilo.server import Server
 
-from fedsilo.engines.secure import protocol_settings
+from fedsilo.engines.secure import SEMI_HONEST, guarantee, protocol_settings
 from fedsilo.privacy.secagg import SecAggServer
 
 from .codec import (MalformedReply, carried_bytes, content_to_masked, content_to_rows, content_to_update, count, pack,
@@ -146,22 +147,24 @@ class FlowerEngine:
 
     def _secure_round(self, server: Server, sampled: list[str], round_idx: int, progress: Progress | None) -> dict:
         """SecAgg over Flower messages (fedsilo.privacy.secagg): keys, shared keys, training with the
-        masked vector, unmasking; the server object is handed only the sum. A silo that answers no stage
-        is left out of the later ones: after stage 2 it is a dropout the sum recovers from."""
+        masked vector, the consistency round (each survivor signs the survivor set), unmasking; the server
+        object is handed only the sum. A silo that answers no stage is left out of the later ones: after
+        stage 2 it is a dropout the sum recovers from."""
         start = time.perf_counter()
         server.begin_round(round_idx, sampled)
         if progress:
             progress.begin(f"round {round_idx} · {len(sampled)} silos over Flower, secure aggregation", len(sampled))
         layout = server.secure_layout()
         round_id = f"{self.run_key}/{round_idx}"
+        secure = self.cfg.federation.secure_aggregation
         missing: dict[str, str] = {}
         updates: dict[str, object] = {}
         try:
-            protocol = SecAggServer(sampled, protocol_settings(self.cfg.federation.secure_aggregation), layout.length,
-                                    round_id)
+            protocol = SecAggServer(sampled, protocol_settings(secure), layout.length, round_id)
             replies, gone = self._stage(sampled, "secagg_keys", round_idx, silos=list(sampled), **{"protocol-round": round_id})
             missing.update(gone)
             keys = protocol.collect_keys({s: {k: bytes(v) for k, v in c["secagg"].items()} for s, c in replies.items()})
+            self._say_guarantee(protocol.signed, progress)
             replies, gone = self._stage(list(keys), "secagg_share", round_idx, {s: {"secagg": pack_keys(keys)} for s in keys})
             missing.update(gone)
             inboxes = protocol.route_packets({s: unpack(c["secagg"], "to") for s, c in replies.items()})
@@ -180,12 +183,20 @@ class FlowerEngine:
                     updates[silo], masked[silo] = content_to_masked(reply.content)
                 except MalformedReply as err:
                     server.reject(silo, str(err))
-            request = protocol.unmask_request(masked)
-            replies, gone = self._stage(request["survivors"], "secagg_unmask", round_idx, **request)
+            survivors = protocol.survivors(masked)
+            replies, gone = self._stage(survivors, "secagg_check", round_idx, survivors=survivors)
+            missing.update(gone)
+            signatures = protocol.unmask_request({s: {"sig": bytes(c["secagg"]["sig"])} for s, c in replies.items()})
+            replies, gone = self._stage(list(signatures), "secagg_unmask", round_idx,
+                                        {s: {"secagg": pack(signatures, "sig")} for s in signatures})
             missing.update(gone)
             total = protocol.aggregate(masked, {s: unpack_shares(c["secagg"]) for s, c in replies.items()})
-            server.receive_sum(total, layout, {s: updates[s] for s in request["survivors"]}, request)
-        except (ValueError, KeyError, MalformedReply) as err:
+            roster = (secure.roster_fingerprint or "the silos' own (no fingerprint in the config)") \
+                if protocol.signed else None
+            server.receive_sum(total, layout, {s: updates[s] for s in survivors},
+                               {"survivors": survivors, "dropped": protocol.dropped, "signed": list(signatures),
+                                **guarantee(len(sampled), protocol.threshold, roster)})
+        except (ValueError, KeyError, TypeError, MalformedReply) as err:
             server.secure_failed(str(err), updates)
             if progress:
                 progress.warn(f"round {round_idx}: secure aggregation failed: {err}")
@@ -195,6 +206,18 @@ class FlowerEngine:
         if missing and progress:
             progress.warn(f"round {round_idx}: no answer from {', '.join(sorted(missing))}")
         return record
+
+    _said_semi_honest = False
+
+    def _say_guarantee(self, signed: bool, progress: Progress | None) -> None:
+        """Once per run: a round whose silos did not all sign their keys holds only the semi-honest guarantee."""
+        if signed or self._said_semi_honest:
+            return
+        self._said_semi_honest = True
+        if progress:
+            progress.warn(SEMI_HONEST)
+        else:
+            warnings.warn(SEMI_HONEST, ConfigWarning, stacklevel=2)
 
     def evaluate(self, server: Server, split: str, progress: Progress | None, final: bool = False) -> list[dict]:
         content = RecordDict({"arrays": to_arrays(server.params),
