@@ -112,7 +112,7 @@ class NormCap:
                 return out
         return Capped()
 
-    def refuses(self, round_idx):
+    def refuses(self, round_idx, sampled):
         return None
 
     def limits(self, limits):
