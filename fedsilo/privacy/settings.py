@@ -22,6 +22,9 @@ class SecureAggregationConfig(Strict):
                     "gets fresh keys per round")
 
 
+_ADDS_NOISE_ON_SERVER = {"central": True, "distributed": False}
+
+
 class SiloDPConfig(Strict):
     """`[federation.silo_dp]`: each silo is one user of a DP guarantee on the global model (fedsilo.privacy.silo_dp)."""
     mode: Literal["central", "distributed"] = Field(
@@ -37,7 +40,8 @@ class SiloDPConfig(Strict):
 
     @property
     def central(self) -> bool:
-        return self.mode == "central"
+        """Whether the server adds the noise (the mode's ability, declared here once)."""
+        return _ADDS_NOISE_ON_SERVER[self.mode]
 
     @property
     def seeded(self) -> bool:
