@@ -37,7 +37,7 @@ def child(engine: str, out: Path, rounds: int, max_train: int) -> None:
         from fedsilo.runs.runner import run_experiment
         run_experiment(cfg, out, show_progress=False)
     elif engine == "flower-sim":
-        from fedsilo.engines.flower.simulation import run_simulation
+        from fedsilo.runs.flower import run_simulation
         run_simulation(cfg, out, show_progress=False)
     else:
         from fedsilo.engines.flower.deploy import LocalDeployment, silo_nodes

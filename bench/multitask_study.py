@@ -13,8 +13,9 @@ yardstick (Data Silo run again with another seed).
 Then compares each variant against Data Silo of the same seed with `fedsilo compare`'s arithmetic
 (PIR per task, APIR per client then over clients, Win/Lose/Tie) and writes --doc: Table 1 (methods),
 Table 2 (ablations), each cell mean ± sd over the seeds; the paper's claims judged on the per-seed
-APIRs with fedsilo.runs.spread.claim (a claim holds when the gap exceeds the sum of the two standard
-deviations); Table 4 (seconds per local epoch of one client, split into pseudo-label generation and
+APIRs by the shared significance rule (fedsilo.runs.spread.claim_marked: Welch's t-test over the
+seeds, never below the shown precision of an APIR, 0.1 percentage point; a verdict the old spread
+rule judged otherwise is marked); Table 4 (seconds per local epoch of one client, split into pseudo-label generation and
 training, the mean over the seeds) and every task. A hand-written `## Reading` section already in the
 doc is kept. Finished runs are skipped on a re-run, so an interrupted study continues.
 
@@ -37,7 +38,7 @@ from pathlib import Path
 
 from fedsilo.rundir.records import read_rounds
 from fedsilo.runs.compare import compare, read_results
-from fedsilo.runs.spread import RULE, SPREAD, claim, mean_sd, spread_cell
+from fedsilo.runs.spread import CHANGED, RULE, SPREAD, claim_marked, mean_sd, spread_cell
 from fedsilo.runs.study import run_dir
 from fedsilo.runs.studyfile import parse_seeds
 from fedsilo.runs.tables import markdown_table
@@ -162,16 +163,16 @@ def claims(found: Found) -> list[str]:
     """The paper's claims on the per-seed APIRs (each seed's against its own Data Silo), both signals,
     judged by the shared rule."""
     n = len(next(iter(found.values())))
-    lines = [f"- Each claim \"a > b\" is judged on the per-seed APIRs (n = {n}) by one rule: {RULE}; `reversed`: "
-             "b > a holds; `within spread`: neither; `needs 2 seeds`: one seed has no spread to judge by. \"Beats "
-             "Data Silo\" compares the APIR with Data Silo's own, 0 on every seed."]
+    lines = [f"- Each claim \"a > b\" is judged on the per-seed APIRs (n = {n}, as fractions: 0.001 = 0.1 "
+             f"percentage point) by one rule: {RULE}. \"Beats Data Silo\" compares the APIR with Data Silo's own, "
+             "0 on every seed."]
 
     def verdicts(a: str, b: str | None) -> str:
         out = []
         for label, loss in (("task metrics", False), ("test loss", True)):
             x = [v for v in apirs(found, a, loss) if v is not None]
             y = [0.0] * len(found[a]) if b is None else [v for v in apirs(found, b, loss) if v is not None]
-            out.append(f"{label}: {claim(x, y)} ({pct(x)} vs {pct(y) if b is not None else '0'})")
+            out.append(f"{label}: {claim_marked(x, y, '.3f')} ({pct(x)} vs {pct(y) if b is not None else '0'})")
         return "; ".join(out)
 
     lines.append(f"- FewFedWeight beats Data Silo (APIR > 0): {verdicts('fewfedweight', None)}")
@@ -180,6 +181,10 @@ def claims(found: Found) -> list[str]:
                        ("ffw_no_pseudo", "pseudo data helps"), ("ffw_uniform", "energy weights help"),
                        ("ffw_size", "dynamic (loss) aggregation helps")]:
         lines.append(f"- {why} (FewFedWeight vs {LABELS[other]}): {verdicts('fewfedweight', other)}")
+    changed = sum(line.count(CHANGED) for line in lines)
+    lines.insert(1, f"- **Verdicts under the significance rule:** {changed} verdict(s) differ from the spread rule's "
+                    f"(marked `[{CHANGED}: …]`: old → the verdict before it)." if changed else
+                    "- **Verdicts under the significance rule:** none differs from the spread rule's.")
     return lines
 
 

@@ -11,6 +11,7 @@ Memory is the peak of the whole process tree, as RSS (a page shared by forked wo
 per process) and as PSS (shared pages split between the processes: what the tree really holds).
 
     python bench/parallel_clients.py [--rounds 3] [--json out.json]
+    python bench/parallel_clients.py --rounds 1 --max-train 4 --max-eval 2   # a quick check that it runs
 """
 from __future__ import annotations
 
@@ -47,12 +48,13 @@ def child(engine: str, workers: int, out: Path, rounds: int, overrides: list[str
         from fedsilo.runs.runner import run_experiment
         run_experiment(cfg, out, show_progress=False)
     else:
-        from fedsilo.engines.flower.simulation import run_simulation
+        from fedsilo.runs.flower import run_simulation
         run_simulation(cfg, out, show_progress=False)
 
 
-def measure(name: str, rounds: int) -> dict:
+def measure(name: str, rounds: int, size: list[str]) -> dict:
     engine, workers, threads, overrides = VARIANTS[name]
+    overrides = [*overrides, *size]
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
@@ -77,18 +79,22 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--set", action="append", default=[], help=argparse.SUPPRESS)
+    ap.add_argument("--max-train", type=int, help="examples per silo (default: the config's 64)")
+    ap.add_argument("--max-eval", type=int, help="dev/test examples per silo (default: the config's 16)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if args.child:
         child(args.child, args.workers, args.out, args.rounds, args.set)
         return
-    print(f"$ python bench/parallel_clients.py --rounds {args.rounds}")
+    size = [f"task.{key}={value}" for key, value in (("max_train", args.max_train), ("max_eval", args.max_eval))
+            if value is not None]
+    print(f"$ python {' '.join(sys.argv)}")
     print(f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} CPU cores; "
-          f"{CONFIG.relative_to(ROOT)}, {args.rounds} rounds")
+          f"{CONFIG.relative_to(ROOT)}, {args.rounds} rounds" + "".join(f", {s}" for s in size))
     res = {}
     for name in VARIANTS:
         print(f"running {name} …", file=sys.stderr, flush=True)
-        res[name] = measure(name, args.rounds)
+        res[name] = measure(name, args.rounds, size)
     base = res["in-process, workers=1"]["round"]
     print("\n| engine | round s (rounds 2..) | first round s | wall s | peak RSS MiB | peak PSS MiB | "
           "workers=1 round / this round |")

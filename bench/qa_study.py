@@ -5,8 +5,9 @@ patch variants) once per seed (--seeds, default 0,1,2: model init and data order
 own process (so each variant's peak RSS is its own), into --out (OUT/STEM/VARIANT/seed-S, as `fedsilo
 study --seeds` lays them out). Then writes --doc: both tables as mean ± sd over the seeds with BM25
 beside them, the parameters each method sends and peak RSS, how far the patches moved, and the
-paper's claims checked with fedsilo.runs.spread.claim (a claim holds when the gap exceeds the sum of
-the two seeds' standard deviations). Finished runs are skipped on a re-run.
+paper's claims judged by the shared significance rule (fedsilo.runs.spread.claim_marked: Welch's
+t-test over the seeds on these records, never below MAP's shown precision, 0.0001; a verdict the old
+spread rule judged otherwise is marked). Finished runs are skipped on a re-run.
 
     python bench/qa_study.py --out runs/qa-study --doc docs/qa-study.md [--seeds 0,1,2] [--only fedavg,fedmatch]
 """
@@ -21,7 +22,7 @@ import sys
 from datetime import date
 from pathlib import Path
 
-from fedsilo.runs.spread import RULE, SPREAD, claim, mean_sd, spread_cell
+from fedsilo.runs.spread import CHANGED, RULE, SPREAD, claim_marked, mean_sd, spread_cell
 from fedsilo.runs.study import run_dir, run_study
 from fedsilo.runs.studyfile import load_study, parse_seeds
 from fedsilo.runs.tables import markdown_table
@@ -164,12 +165,26 @@ def write_doc(out: Path, doc: Path, rss: dict, seeds: list[int]) -> None:
         + ".\n",
         "## Seed spread\n",
         f"The widest spread of overall MAP over the seeds: {widest} ± {spreads[widest] or 0:.4f}. "
-        f"A claim below {RULE} (fedsilo.runs.spread.beyond_spread); `reversed`: the opposite holds.\n",
-        "## The paper's claims, on what came out\n", *claims(t3, t2), "",
+        f"Each claim below: {RULE} (fedsilo.runs.spread.claim_marked).\n",
+        "## The paper's claims, on what came out\n", changed_note([*claims(t3, t2), *recipe_claims(t3, paper)]),
+        *claims(t3, t2), "",
         "## Recipe: today's against the paper's (overall MAP)\n", *recipe_claims(t3, paper), "",
     ]
     doc.write_text("\n".join(lines))
     print(f"wrote {doc}")
+
+
+def changed_note(lines: list[str]) -> str:
+    """The short note on which verdicts the significance rule changed (old → new), from the marks."""
+    changed = sum(line.count(CHANGED) for line in lines)
+    return (f"**Verdicts under the significance rule:** {changed} verdict(s) here and in the recipe comparison "
+            f"differ from the spread rule's (marked `[{CHANGED}: …]`: old → the verdict before it).\n" if changed
+            else "**Verdicts under the significance rule:** none differs from the spread rule's.\n")
+
+
+def claim(a: list[float], b: list[float]) -> str:
+    """The shared rule on overall MAP (shown at 4 decimals)."""
+    return claim_marked(a, b, ".4f")
 
 
 def claims(t3: dict, t2: dict) -> list[str]:

@@ -101,9 +101,11 @@ def parser() -> argparse.ArgumentParser:
     cmp.add_argument("--tie", type=float, default=0.0, help="metric differences up to this count as ties (default 0)")
     cmp.set_defaults(func=commands.cmd_compare)
     ini = sub.add_parser("init", help="write a commented config for a folder with one sub-folder (or file) per "
-                                      "silo: formats, splits and fields detected, the rest marked DECIDE")
+                                      "silo: formats, splits and fields detected, the rest marked DECIDE, every "
+                                      "file left unused named with why")
     ini.add_argument("data_dir", help="a folder holding one sub-folder or file per silo (CSV, TSV, JSONL, or "
-                                      "line-aligned files such as train.de / train.en)")
+                                      "line-aligned files such as train.de / train.en: format lines; any of them "
+                                      "may be .gz), or one silo's own folder of split files")
     ini.add_argument("--task", required=True, help="the task family: translation, matching, text2sql, multitask")
     ini.add_argument("--out", default="fedsilo.toml", help="the config to write (default: fedsilo.toml)")
     ini.add_argument("--force", action="store_true", help="overwrite --out if it exists")

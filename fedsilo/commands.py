@@ -9,7 +9,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from fedsilo.errors import ConfigError, UserError
+from fedsilo.errors import UserError
 
 
 def _report(out: Path, show: bool = True) -> Path:
@@ -230,26 +230,21 @@ def _data_check(args: argparse.Namespace) -> int:
 
 def cmd_init(args: argparse.Namespace) -> int:
     """A commented config for a folder of silos; what it cannot tell is left as DECIDE lines."""
-    from fedsilo.config import load_config
-    from fedsilo.runs.init import init_config
+    from fedsilo.runs.init import init_config, write_config
 
     out = Path(args.out)
     if out.exists() and not args.force:
         raise UserError(f"{out} exists; choose another --out, or --force to overwrite it")
-    text, guesses = init_config(Path(args.data_dir), args.task, out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    decide = [(g.name, d) for g in guesses for d in g.decide]
-    try:
-        load_config(out)
-    except ConfigError as err:
-        if not decide:  # nothing left to the user, so the config should have been valid
-            out.unlink()
-            raise
-        print(f"note: {out} is not valid until the DECIDE lines are settled ({err})")
-    print(f"written: {out} ({len(guesses)} silo(s): {', '.join(g.name for g in guesses)})")
-    for silo, what in decide:
+    draft = init_config(Path(args.data_dir), args.task, out)
+    note = write_config(draft, out)  # loaded as a run would, before it is written
+    if note:
+        print(f"note: {out} is not valid until the DECIDE lines are settled ({note})")
+    print(f"written: {out} ({len(draft.guesses)} silo(s): {', '.join(g.name for g in draft.guesses)})")
+    for silo, what in [(g.name, d) for g in draft.guesses for d in g.decide]:
         print(f"  DECIDE for {silo}: {what}")
+    unused = draft.unused + [(f"{g.name}/{name}", why) for g in draft.guesses for name, why in g.unused]
+    for name, why in unused:
+        print(f"  not used: {name} ({why})")
     print(f"next: fedsilo data check {out}\n      fedsilo run {out}")
     return 0
 

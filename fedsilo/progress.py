@@ -1,5 +1,6 @@
 """Progress display for long work: live bars (rich), plain lines (`--no-progress`: logs, CI), or
-silent (tests, benchmarks)."""
+silent (tests, benchmarks). Several runs (a study) may share what they have warned about (`Heard`),
+so a warning every run gives (a silo's duplicates) is shown once, not once per run."""
 from __future__ import annotations
 
 from typing import Literal
@@ -14,9 +15,34 @@ Display = bool | Literal["lines"]
 started), no bars; False: nothing but warnings."""
 
 
+class Heard:
+    """The warnings shown so far over several runs, and which runs gave each: a study shows each
+    distinct warning once, then says how many of its runs it concerned."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self._by: dict[str, set[int]] = {}
+
+    def new_run(self) -> int:
+        self.runs += 1
+        return self.runs
+
+    def first(self, message: str, run: int) -> bool:
+        """Note that `run` gave `message`; whether no run had given it before."""
+        runs = self._by.setdefault(message, set())
+        new = not runs
+        runs.add(run)
+        return new
+
+    def repeated(self) -> dict[str, int]:
+        """Each warning given by more than one run → how many runs gave it."""
+        return {m: len(r) for m, r in self._by.items() if len(r) > 1}
+
+
 class Progress:
-    def __init__(self, enabled: Display = True, console: Console | None = None) -> None:
+    def __init__(self, enabled: Display = True, console: Console | None = None, heard: Heard | None = None) -> None:
         self.console = console or Console(stderr=True, log_path=False)
+        self._heard, self._run = heard, heard.new_run() if heard is not None else 0
         self._lines = enabled == "lines"
         enabled = enabled is True
         self._bar = RichProgress(
@@ -51,7 +77,10 @@ class Progress:
             self.console.print(f"fedsilo: {message}", markup=False, highlight=False, soft_wrap=True)
 
     def warn(self, message: str) -> None:
-        """Shown also without progress display (rejections, fallbacks, capped metrics)."""
+        """Shown also without progress display (rejections, fallbacks, capped metrics); with `heard`,
+        only where no earlier run of the study showed it."""
+        if self._heard is not None and not self._heard.first(message, self._run):
+            return
         if self._bar:
             self._bar.console.log(f"[yellow]{message}")
         else:

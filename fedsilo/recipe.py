@@ -41,10 +41,11 @@ from fedsilo.features.silo_dp import release as silo_dp_release
 from fedsilo.models import MODEL_KINDS, SURGERIES
 from fedsilo.models.lora import lora_settings
 from fedsilo.models.precision import check_precision, set_tf32
+from fedsilo.models.settings import reads_task_tokenizer
 from fedsilo.privacy.ledger import PrivacyLedger, SiloLedger, data_scope
 from fedsilo.privacy.secure_stages import SecureMask, secure_sum_round
 from fedsilo.privacy.silo_dp import SiloRelease
-from fedsilo.rundir.layout import init_tensors
+from fedsilo.rundir.layout import init_tensors, tokenizer_identity
 from fedsilo.server import Server, ServerRecipe, mean_round
 from fedsilo.tasks import TASKS
 from fedsilo.tasks.base import PerExampleLoss
@@ -164,8 +165,11 @@ def build_model(cfg: RunConfig) -> tuple[torch.nn.Module, object]:
         device = next(model.parameters()).device
         SURGERIES.get(surgery.name)(model, surgery.settings(), cfg.seed)
         model.to(device)
-    if mcfg.init_from:
-        load_tensors(model, init_tensors(mcfg.init_from, federated_parameters(model)))
+    if mcfg.init_from:  # a tokenizer fitted here, not saved beside the checkpoint, is checked against it
+        fitted = saved_tokenizer(mcfg.init_from) is None and task_tokenizer(cfg) is not None and \
+            reads_task_tokenizer(mcfg.kind, mcfg.name)
+        load_tensors(model, init_tensors(mcfg.init_from, federated_parameters(model),
+                                         tokenizer_identity(tokenizer) if fitted else None))
     device = next(model.parameters()).device
     check_precision(mcfg.precision, device)
     set_tf32(device, mcfg.tf32)

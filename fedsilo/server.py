@@ -41,8 +41,9 @@ def sample_clients(clients: list[str], round_idx: int, seed: int, fraction: floa
 
 def reject_reason(update: ClientUpdate, expected: Tensors, registered: int | None = None) -> str | None:
     """Why an update cannot be aggregated as sent, or None: an unknown tensor, a wrong shape, a dtype
-    that is not real floating point, NaN/Inf, or a size that is not a positive count within what the
-    silo `registered` at the start (a client cannot claim more data to take more weight)."""
+    that is not real floating point, NaN/Inf, an empty update (it would take a weight for nothing), or a size
+    that is not a positive count within what the silo `registered` at the start (a client cannot claim more
+    data to take more weight)."""
     for name, t in update.tensors.items():
         if name not in expected:
             return f"unknown tensor {name!r}"
@@ -50,6 +51,8 @@ def reject_reason(update: ClientUpdate, expected: Tensors, registered: int | Non
             return f"tensor {name!r} has dtype {getattr(t, 'dtype', type(t).__name__)}, expected a real floating dtype"
         if tuple(t.shape) != tuple(expected[name].shape):
             return f"tensor {name!r} has shape {tuple(t.shape)}, expected {tuple(expected[name].shape)}"
+    if not sum(t.numel() for t in update.tensors.values()):
+        return "an empty update (no tensors, or no values in them)"
     if not is_finite(update.tensors):
         return "non-finite values (NaN/Inf) in the update"
     n = update.n_examples
@@ -79,6 +82,13 @@ class RoundStage(Protocol):
     def limits(self, limits: Limits) -> Limits: ...
     def state_dict(self) -> str: ...
     def load_state_dict(self, state: str | None) -> None: ...
+    # optional: state_problem(state, recorded) -> why a checkpoint's state disagrees with the stage's
+    # own record of each round done (rounds.jsonl's tail under state_key), or None
+
+
+def _state_problem(stage: RoundStage, state: dict, logged: list[dict]) -> str | None:
+    check = getattr(stage, "state_problem", None)  # a stage that keeps nothing to check declares none
+    return check(state.get(stage.state_key), [r.get(stage.state_key) for r in logged]) if check else None
 
 
 def mean_round(recipe: "ServerRecipe", params: Tensors) -> RoundAggregation:
@@ -296,6 +306,11 @@ class Server:
         self.uploaded = {c: (s.split(",") if s else []) for c, s in state.get("uploaded", {}).items()}
         for stage in self.recipe.stages:
             stage.load_state_dict(state.get(stage.state_key))
+
+    def state_problem(self, state: dict, logged: list[dict]) -> str | None:
+        """What is wrong with a checkpoint's server `state` given the rounds it has done (`logged`): each
+        stage checks its state against its own record of each round (the records are the authority)."""
+        return next((why for stage in self.recipe.stages if (why := _state_problem(stage, state, logged))), None)
 
 
 def _entry(update: ClientUpdate, bytes_down: int, params_down: int) -> dict:

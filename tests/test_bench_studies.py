@@ -151,11 +151,14 @@ def test_nmt_doc_shows_spread_shares_and_claims(tmp_path):
     assert rows["News alone"][1] == "2.05 ± 0.07"  # own domain 2.0 / 2.1 over the two seeds
     claims = text.split("## The paper's claims")[1]
     line = {c[:2]: c for c in claims.splitlines() if c[:2] in ("1.", "2.", "3.", "4.", "5.")}
-    assert "News alone 0.85 ± 0.07: holds" in line["1."]  # FedAvg's global 3.0 / 3.1 vs (2.0 + 4 · 0.5) / 5 + wobble
-    assert line["3."].endswith("— holds.")
-    assert "DP_l > random: within spread" in line["4."]
-    assert "DP_l-33 > Controllers 6E6D: within spread" in line["5."]
-    assert "DP_l-33 > Controllers 8E8D: holds" in line["5."] and "Controllers 8E8D 10.0%" in line["5."]
+    # FedAvg's global 3.0 / 3.1 vs (2.0 + 4 · 0.5) / 5 + wobble: the significance rule, its test and p
+    assert "News alone 0.85 ± 0.07: holds (p = 0.001, Welch's t-test over 2 vs 2 seeds" in line["1."]
+    assert "— holds (p < 0.001, Welch's t-test" in line["3."]
+    # equal means: no difference above BLEU's shown precision, whatever the seeds
+    assert "DP_l > random: undecidable: difference 0.000 not above the metric's resolution 0.010" in line["4."]
+    assert "DP_l-33 > Controllers 6E6D: undecidable" in line["5."]
+    assert "DP_l-33 > Controllers 8E8D: holds (p = 0.001" in line["5."] and "Controllers 8E8D 10.0%" in line["5."]
+    assert "**Verdicts under the significance rule:** none differs" in claims
     assert "DP_l uploads 50.1% ± 0.1 of FedAvg's parameters" in line["2."]
     assert "dp_l-count (clients, own domain)" in text
 
@@ -205,10 +208,15 @@ def test_multitask_compares_each_seed_with_its_own_data_silo(tmp_path):
     rows = {row.split(" | ")[0].strip("| "): row.split(" | ") for row in table1.splitlines() if row.startswith("| ")}
     assert rows["FewFedWeight"][1] == "+10.0% ± 0.0"  # seed 1 against seed 0's Data Silo would be −12%
     assert rows["FedAvg"][1] == "-5.0% ± 7.1" and rows["FedAvg"][3] == "2.0 ± 2.8"  # Lose: 0 then 4
-    assert "FewFedWeight beats FedAvg (FewFedWeight vs FedAvg): task metrics: holds" in text
-    assert "FewFedWeight beats Data Silo (APIR > 0): task metrics: holds" in text
-    assert "FewFedWeight beats Ditto (FewFedWeight vs Ditto): task metrics: holds" in text
-    assert "test loss: within spread" in text  # the same loss everywhere: APIR 0 on both sides, no spread to beat
+    # +10% on both seeds vs −5% ± 7.1 with 2 seeds: beyond the spread, but Welch's t-test over 2 seeds
+    # cannot tell it from chance; the doc marks what the spread rule said
+    assert ("FewFedWeight beats FedAvg (FewFedWeight vs FedAvg): task metrics: not significant (p = 0.205, Welch's "
+            "t-test over 2 vs 2 seeds; no per-item records) [the spread rule said: holds]") in text
+    assert "**Verdicts under the significance rule:** 1 verdict(s) differ" in text
+    assert "FewFedWeight beats Data Silo (APIR > 0): task metrics: holds (p < 0.001" in text
+    assert "FewFedWeight beats Ditto (FewFedWeight vs Ditto): task metrics: holds (p < 0.001" in text
+    # the same loss everywhere: APIR 0 on both sides, no difference above the shown 0.1 point
+    assert "test loss: undecidable: difference 0.0000 not above the metric's resolution 0.0010" in text
     # Table 4: seconds per epoch (2 epochs): 10 s training → 5.0, generation 4 s → 2.0; peak RSS the largest
     table4 = text.split("## Table 4")[1].split("##")[0]
     assert "| FewFedWeight | 2.0 | 5.0 | 0.0 | 7.0 | 2.0 min | 2.05 GiB |" in table4

@@ -405,7 +405,7 @@ def test_two_concurrent_runs_on_one_directory(tmp_path, capsys):
 
 
 def test_deploy_prints_rejections_fallbacks_and_skips_also_without_progress(tmp_path):
-    """`fedsilo deploy --no-progress` follows rounds.jsonl for warnings only."""
+    """`fedsilo deploy --no-progress` follows rounds.jsonl: each round's line, then its warnings."""
     import io
     import json
 
@@ -413,13 +413,14 @@ def test_deploy_prints_rejections_fallbacks_and_skips_also_without_progress(tmp_
 
     path = tmp_path / "rounds.jsonl"
     stream = io.StringIO()
-    printer = RoundsPrinter(path, total=2, stream=stream, rounds=False)
+    printer = RoundsPrinter(path, total=2, stream=stream, plain=True)
     record = {"round": 2, "seconds": 3.0, "applied": False, "skipped": "the server step would make 'w' non-finite",
               "clients": {"a": {"rejected": "non-finite values"}, "b": {"fallback": True}, "c": {"capped": True}},
               "missing": ["d"], "missing_reasons": {"d": "no reply within 5s"}}
     path.write_text(json.dumps(record) + "\n")
     printer.poll()
     assert stream.getvalue().splitlines() == [
+        "fedsilo: round 2/2 done in 3.0s",  # the round's own line too (issue 41, item 8)
         "fedsilo: warning: round 2: rejected a: non-finite values",
         "fedsilo: warning: round 2: fallback b: its weighting statistic was not usable; it took its size share",
         "fedsilo: warning: round 2: capped c: its weight was held (federation.max_weight_ratio / max_client_weight)",

@@ -109,7 +109,7 @@ def test_matching_rows_of_a_question_scattered_in_the_file_are_gathered_into_one
     loaded = load_rows("shop", RankingSource(path=str(folder), files=per_split("csv")))
     splits, problems = own_questions(loaded, negatives=5)
     assert problems == [] and loaded.problems == []
-    path = folder / "train.csv"
+    path = "train.csv"  # a question's id: its file:line within the silo's folder (issue 41, OD-path)
     assert splits["train"] == [
         Question(f"{path}:2", "How do I reset my password?", ("Open settings and choose reset.", "Call the shop."),
                  (1, 0)),
@@ -130,10 +130,10 @@ def test_matching_jsonl_list_rows_are_questions_of_their_own_and_scalar_rows_are
                                                                       "test": "qa.jsonl"}))
     splits, problems = own_questions(loaded, negatives=5)
     assert problems == []
-    assert splits["train"] == splits["test"] == [
-        Question(f"{path}:1", "q one", ("a", "b", "c"), (1, 0, 0)),
-        Question(f"{path}:2", "q one", ("d", "e"), (1, 0)),
-        Question(f"{path}:3", "q two", ("f", "g"), (1, 0)),
+    assert splits["train"] == splits["test"] == [  # ids: file:line within the silo's folder
+        Question(f"{path.name}:1", "q one", ("a", "b", "c"), (1, 0, 0)),
+        Question(f"{path.name}:2", "q one", ("d", "e"), (1, 0)),
+        Question(f"{path.name}:3", "q two", ("f", "g"), (1, 0)),
     ]
 
 
@@ -289,7 +289,8 @@ def test_matching_data_check_counts_questions_and_finds_a_question_in_train_and_
     (check,) = inspect_silos(cfg)
     assert check.name == "shop" and check.unit == "questions"
     assert check.counts == {"train": 3, "dev": 1, "test": 2}  # questions, not rows (12 rows)
-    assert check.overlap == {"train/test": ["how do i sort out my password?"]}
+    assert check.overlap == {} and [(k.text, k.first.endswith("train.csv:2")) for k in check.folded["train/test"]] \
+        == [("how do i sort out my  PASSWORD?", True)]  # as written, with where its train question is
     assert check.lines()[0] == "silo shop (csv): 3 train, 1 dev, 2 test questions"
     assert set(check.files) == {str(tmp_path / "shop" / f"{s}.csv") for s in SPLITS}
     assert not check.blocking

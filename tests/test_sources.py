@@ -497,14 +497,18 @@ def test_inspect_items_names_duplicates_where_and_first_seen_and_overlap_between
     check = inspect_items("legal", "csv", "pairs", splits, "source")
     assert check.counts == {"train": 4, "dev": 1, "test": 3}
     assert check.duplicates == {"train": [("f:4", "f:1")], "test": [("t:2", "t:1"), ("t:3", "t:1")]}
-    assert check.overlap == {"train/dev": ["hallo"]}  # same source up to case and spacing; "Tag" is train only
+    # " hallo " is "Hallo" only up to case and spacing: listed apart, as written; "Tag" is train only
+    assert check.overlap == {} and [(k.text, k.where, k.first) for k in check.folded["train/dev"]] == [
+        (" hallo ", "d:1", "f:1")]
     assert not check.blocking
     lines = "\n".join(check.lines())
-    assert "f:4 repeats f:1" in lines and "1 source(s) in both train/dev" in lines
+    assert "f:4 repeats f:1" in lines and "1 source(s) of dev equal to a train one only up to case" in lines
     assert warnings_of(check) == [
         "silo legal: 1 exact duplicate example(s) in train, first f:4 (repeats f:1)",
-        "silo legal: 2 exact duplicate example(s) in test, first t:2 (repeats t:1)",
-        "silo legal: 1 source(s) in both train/dev, e.g. 'hallo': evaluation sees them in training"]
+        "silo legal: 2 exact duplicate example(s) in test, first t:2 (repeats t:1)"]
+    splits["dev"] = [Item("d:1", "Hallo", ("Hallo", "Hello there"))]
+    assert warnings_of(inspect_items("legal", "csv", "pairs", splits, "source"))[-1] == (
+        "silo legal: 1 source(s) in both train/dev, e.g. 'Hallo' (d:1 and f:1): evaluation sees them in training")
     assert inspect_items("e", "csv", "pairs", {"train": splits["train"], "dev": [], "test": []}, "source").blocking
 
 
@@ -526,7 +530,7 @@ def test_inspect_silos_finds_overlap_between_split_files_and_problems(tmp_path):
         "chat": {"path": str(chat), "split": {"dev": 0.2, "test": 0.2}}}))
     legal, chat_check = inspect_silos(cfg)
     assert legal.counts == {"train": 3, "dev": 1, "test": 2} and legal.problems == []
-    assert legal.overlap == {"train/test": ["hallo"]}
+    assert legal.overlap == {} and [k.text for k in legal.folded["train/test"]] == ["hallo"]  # up to case
     assert legal.duplicates == {"train": [(f"{tmp_path / 'legal' / 'train.csv'}:4",
                                            f"{tmp_path / 'legal' / 'train.csv'}:3")]}
     assert set(legal.files) == {str(tmp_path / "legal" / f"{s}.csv") for s in ("train", "dev", "test")}

@@ -8,7 +8,7 @@ import pytest
 from fedsilo.cli import main
 from fedsilo.config import ConfigError
 from fedsilo.runs.overall import comparison_table
-from fedsilo.runs.spread import beyond_spread, claim, mean_sd
+from fedsilo.runs.spread import beyond_spread, claim, mean_sd, spread_phrase
 from fedsilo.runs.study import run_study
 from fedsilo.runs.studyfile import deep_merge, load_study, parse_seeds, seeded
 
@@ -134,10 +134,13 @@ def test_a_study_runs_every_seed_and_shows_mean_and_spread(tmp_path, capsys):
     assert study["per_seed"]["fedavg"]["1"]["overall"]["map"] == runs[1]["map"]
     assert set(study["per_seed"]["alone"]["0"]["clients"]) == {"alpha", "beta", "gamma"}
     assert "sample standard deviation (n−1)" in (out / "report.md").read_text()
-    # the check against the named baseline, with the shared rule
+    # the check against the named baseline, with the shared rule: over the test items where the runs
+    # kept per-item records, else over the two seeds' values
     alone = [_macro(out / "alone" / f"seed-{s}")["map"] for s in (0, 1)]
-    verdict = claim(alone, [runs[0]["map"], runs[1]["map"]])
-    assert study["baseline"] == "fedavg" and f": {verdict}" in study["checks"][0]
+    kept = all((out / name / f"seed-{s}" / "items" / "test.jsonl").is_file() for name in ("fedavg", "alone")
+               for s in (0, 1))
+    verdict = ("paired randomisation" if kept else claim(alone, [runs[0]["map"], runs[1]["map"]], ".2f"))
+    assert study["baseline"] == "fedavg" and verdict in study["checks"][0] and study["alpha"] == 0.05
     assert "alone > fedavg (Overall MAP %)" in printed and verdict in printed
     for s in (0, 1):  # a finished line per variant per seed
         assert f"toy-study: fedavg seed {s} done: Overall MAP % {runs[s]['map']:.2f}" in printed
@@ -196,11 +199,12 @@ def test_bad_seeds_in_the_study_file_name_it(tmp_path):
 
 
 def test_beyond_spread_needs_a_gap_larger_than_both_spreads():
+    """The old rule, kept as a display beside the verdict (tests/test_significance.py has the verdict)."""
     a, b = [10.0, 12.0], [7.0, 8.0]  # means 11 and 7.5, sds √2 ≈ 1.41 and √0.5 ≈ 0.71: gap 3.5 > 2.12
     assert mean_sd(a) == (11.0, pytest.approx(2 ** 0.5)) and beyond_spread(a, b) and not beyond_spread(b, a)
-    assert claim(a, b) == "holds" and claim(b, a) == "reversed"
+    assert spread_phrase(a, b) == spread_phrase(b, a) == "beyond spread"
     # gap 1.5 beats the larger sd (1.41) but not the sum (2.12): within spread either way
-    assert not beyond_spread(a, [9.0, 10.0]) and claim(a, [9.0, 10.0]) == "within spread"
+    assert not beyond_spread(a, [9.0, 10.0]) and spread_phrase(a, [9.0, 10.0]) == "within spread"
     assert not beyond_spread([5.0, 5.0], [5.0, 5.0])  # equal: never holds
     assert beyond_spread([5.1, 5.1], [5.0, 5.0])  # no spread at all: any gap holds
     assert not beyond_spread([100.0], [1.0, 2.0]) and claim([100.0], [1.0, 2.0]) == "needs 2 seeds"
@@ -317,16 +321,15 @@ def test_a_study_on_different_silos_compares_over_the_common_ones(tmp_path, monk
     # the claims are over the same two silos, and say so
     expected = []
     for name in ("alone", "equal"):
-        verdict = claim(cell(name)[0], cell("fedavg")[0])
-        verdict = f"reversed (fedavg > {name} holds)" if verdict == "reversed" else verdict
+        verdict = claim(cell(name)[0], cell("fedavg")[0], ".4f")
         gap = statistics.mean(cell(name)[0]) - statistics.mean(cell("fedavg")[0])
         expected.append(f"{name} > fedavg (Overall MAP over alpha, beta): {cell(name)[1]} vs {cell('fedavg')[1]}, "
-                        f"gap {gap:+.4f}: {verdict}")
-    assert study["checks"] == expected and expected[0].endswith(": reversed (fedavg > alone holds)")
+                        f"gap {gap:+.4f}, {spread_phrase(cell(name)[0], cell('fedavg')[0])}: {verdict}")
+    assert study["checks"] == expected and ", beyond spread: reversed (p = 0.009, Welch's t-test" in expected[0]
     assert all(line in printed for line in expected)
     # over each one's own silos the same runs would have read "within spread": not like with like
     own = {name: [study["per_seed"][name][s]["macro"]["map"] for s in ("0", "1")] for name in ("equal", "fedavg")}
-    assert claim(own["equal"], own["fedavg"]) == "within spread" and "reversed" in expected[1]
+    assert spread_phrase(own["equal"], own["fedavg"]) == "within spread" and "beyond spread: reversed" in expected[1]
     assert json.loads((out / "study.json").read_text())["overall_clients"]["map"] == ["alpha", "beta"]
 
 

@@ -285,7 +285,7 @@ def test_single_pass_matches_forward_loss_and_plain_generate(tokenizer, data_dir
     model = MODELS[kind](len(tokenizer))
     task = make_task(tokenizer, data_dir, eval_batch_size=8)
     examples = task.examples("geography", "test")
-    loss_sum, loss_n, preds = task.evaluate_batch(model, task.tokenize(examples))
+    loss_sum, loss_n, preds, _ = task.evaluate_batch(model, task.tokenize(examples))
     batch = task.collate(examples)
     with torch.no_grad():
         reference = model(**batch).loss

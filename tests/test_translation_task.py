@@ -128,7 +128,7 @@ def test_bleu_of_a_row_is_sacrebleus_on_the_same_translations(dp_run):
     model, tok = build_model(cfg)
     task = build_task(cfg, tok)
     pairs = task.examples("ted", "test")
-    _, _, hyps = task.evaluate_batch(model, task.tokenize(pairs))
+    _, _, hyps, _ = task.evaluate_batch(model, task.tokenize(pairs))
     row = task.evaluate(model, "ted", "test")[0]
     expected = sacrebleu.corpus_bleu(hyps, [[p.target for p in pairs]])
     assert bleu_from_stats(row["stats"]) == pytest.approx(expected.score, abs=1e-9)

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from fedsilo.core.transforms import SILO_CHECKS
+from fedsilo.privacy.accountant import unreachable
 from fedsilo.settings import FiniteFloat, SectionError, Strict, choice
 
 from .batching import BATCH_ORDERS
@@ -59,6 +60,9 @@ class DPSettings(Strict):
     def _one_of(self) -> "DPSettings":
         if self.target_epsilon is None and self.noise_multiplier is None:
             raise ValueError("set target_epsilon (σ is derived from it) or noise_multiplier")
+        why = unreachable(self.target_epsilon, self.delta) if None not in (self.target_epsilon, self.delta) else None
+        if why is not None:  # with δ unset (1/(10·n)) the silo's trainer refuses it, naming the silo
+            raise ValueError(why)
         return self
 
 

@@ -6,9 +6,11 @@ refuses (a round past its target ε); the silo's loop does not ask which one it 
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from fedsilo.core.messages import ClientUpdate
+from fedsilo.errors import ConfigError
 
 from .private import Budget, check_budget, plan_budget, sampling, steps_per_round, train_private
 from .train import TrainingParts, train_local
@@ -73,6 +75,15 @@ class PlainTrainer:
                             mean_loss=result.mean_loss, terms=result.terms, **numbers)
 
 
+@contextmanager
+def _named(client):
+    """A target ε no σ reaches, named with the silo: its δ (by default 1/(10·n)) depends on its size."""
+    try:
+        yield
+    except ConfigError as err:
+        raise ConfigError(f"silo {client.name}'s dp (n = {len(client.examples)} examples): {err}") from None
+
+
 @dataclass(frozen=True)
 class DPSGDTrainer(PlainTrainer):
     """DP-SGD (fedsilo.client.private): Poisson samples, clipped per-example gradients, noise; the silo's
@@ -86,7 +97,8 @@ class DPSGDTrainer(PlainTrainer):
 
     def planned(self, client) -> Budget:
         cfg = client.cfg
-        return plan_budget(cfg.dp, len(client.examples), cfg.batch_size, self.steps(client), client.rounds)
+        with _named(client):
+            return plan_budget(cfg.dp, len(client.examples), cfg.batch_size, self.steps(client), client.rounds)
 
     def accountant(self, client) -> Budget:
         """History: every record-level release of the silo's scope (its data), every run; σ: this run's, or
@@ -94,7 +106,8 @@ class DPSGDTrainer(PlainTrainer):
         ledger, cfg, n = client.ledger, client.cfg, len(client.examples)
         spent, ours = ledger.history(LEVEL), ledger.this_run(LEVEL)
         if not ours:
-            return plan_budget(cfg.dp, n, cfg.batch_size, self.steps(client), client.rounds, spent)
+            with _named(client):
+                return plan_budget(cfg.dp, n, cfg.batch_size, self.steps(client), client.rounds, spent)
         q, delta = sampling(cfg.dp, n, cfg.batch_size)
         return Budget(ours[0][0], q, delta, cfg.dp.target_epsilon, spent)
 

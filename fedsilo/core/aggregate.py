@@ -113,8 +113,8 @@ class StreamingMean:
 def combined_mean(parts: list[tuple[StreamingMean, float]]) -> Tensors:
     """Per tensor Σ_j f_j·sums_j / Σ_j f_j·norms_j over the parts that hold it (sums divided in place)."""
     out: Tensors = {}
-    names = {k for part, _ in parts for k in part.sums}
-    for name in names:
+    names = dict.fromkeys(k for part, _ in parts for k in part.sums)  # in arrival order: seeded noise drawn
+    for name in names:                                                 # after it is the same in every process
         held = [(part, f) for part, f in parts if name in part.sums and f > 0]
         if not held:
             continue
@@ -204,7 +204,7 @@ class RoundAggregator:
 
     def _combine_buffered(self, p: list[float]) -> Tensors:
         out: Tensors = {}
-        for name in {k for u in self.buffered for k in u}:
+        for name in dict.fromkeys(k for u in self.buffered for k in u):  # a set's order would follow the hash seed
             held = [(u[name], w) for u, w in zip(self.buffered, p) if name in u]
             if self.rule.weighted:
                 held = [(t, w) for t, w in held if w > 0]

@@ -209,7 +209,7 @@ class ServerOptimizer:
         step, norm = math.sqrt(step_sq), math.sqrt(norm_sq)
         if max_ratio is not None and not step <= max_ratio * max(norm, 1.0):
             return (f"the server step ({step:.3g}) would be {step / max(norm, 1.0):.3g}× the global tensors' "
-                    f"norm ({norm:.3g}); the limit is federation.max_update_ratio = {max_ratio:g}")
+                    f"norm ({norm:.3g}); the limit is federation.max_step_ratio = {max_ratio:g}")
         return None
 
     def state_dict(self) -> dict:

@@ -22,7 +22,9 @@ class Engine(Protocol):
         """One round's client side: every sampled silo trains and its update reaches `server`."""
 
     def evaluate(self, server: Server, split: str, progress: Progress | None, final: bool = False) -> list[dict]:
-        """Every silo's rows on `split`, each with the model it would use."""
+        """Every silo's rows on `split`, each with the model it would use; with `final` (the run's test
+        evaluation) a row also carries its test items' stats (`items`) where the task has them
+        (`tasks.base.ItemStats`)."""
 
     def set_round(self, round_idx: int) -> None: ...
 

@@ -7,6 +7,7 @@ What a silo keeps between rounds is in the client store (disk by default), so RA
 from __future__ import annotations
 
 import time
+import warnings
 
 import torch
 
@@ -18,10 +19,11 @@ from fedsilo.engines.secure import sum_in_process
 from fedsilo.engines.workers import WorkerPool, resolve_threads, resolve_workers, threads_per_worker
 from fedsilo.models.precision import autocast
 from fedsilo.progress import Progress
-from fedsilo.errors import RunDirError
+from fedsilo.errors import ConfigWarning, RunDirError
+from fedsilo.features.robust import uncapped_weights
 from fedsilo.recipe import Recipe, build_clients, give_policies
 from fedsilo.server import Server
-from fedsilo.tasks.base import CrossDomain
+from fedsilo.tasks.base import CrossDomain, evaluate_rows
 
 
 def run_round(server: Server, clients: dict[str, SiloClient], sampled: list[str], round_idx: int, seed: int,
@@ -79,6 +81,9 @@ class LocalEngine:
         give_policies(self.clients, self.policies)
         self.device = next(model.parameters()).device
         self.workers = resolve_workers(cfg.engine.workers, self.device, len(self.clients))
+        uncapped = uncapped_weights(recipe)
+        if uncapped:  # said once, at the start (the runner prints what the engine warned while it was built)
+            warnings.warn(uncapped, ConfigWarning, stacklevel=2)
         self.threads = resolve_threads(cfg.engine.threads)
         self._threads_before = torch.get_num_threads()
         torch.set_num_threads(self.threads)  # put back by close()
@@ -112,7 +117,8 @@ class LocalEngine:
         torch.set_num_threads(self._threads_before)
 
     def evaluate(self, server: Server, split: str, progress: Progress | None, final: bool = False) -> list[dict]:
-        """Each silo's model (the global tensors with what the silo keeps) on that silo's `split`."""
+        """Each silo's model (the global tensors with what the silo keeps) on that silo's `split`; the
+        final test evaluation's rows also carry each test item's stats where the task can."""
         task = self.task
         if progress:
             progress.begin(f"evaluating on {split}", sum(len(task.examples(c, split)) for c in task.clients))
@@ -124,7 +130,7 @@ class LocalEngine:
             else:  # centralized: the pooled model
                 load_tensors(self.model, server.params)
             with autocast(self.cfg.model.precision, self.device):
-                rows += task.evaluate(self.model, name, split, progress=progress, final=final)
+                rows += evaluate_rows(task, self.model, name, split, progress=progress, final=final)
         return rows
 
     def evaluate_matrix(self, server: Server, split: str, progress: Progress | None) -> dict[str, list[dict]]:

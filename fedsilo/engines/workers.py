@@ -152,6 +152,11 @@ def _init_worker(threads: int, steps, spawn_from: dict | None, counter, parent: 
                  ledgers: dict) -> None:
     global _STEPS, _CLIENTS
     _die_with(parent)
+    # a worker ends without a word; the run's process says what happened. A fork inherits the run's handlers
+    # (SIGTERM raising `Terminated`, SIGINT KeyboardInterrupt), and each printed a traceback: the pool ends the
+    # other workers with SIGTERM when one died, and Ctrl-C reaches every process of the terminal
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     torch.set_num_threads(threads)
     _STEPS = steps
     if spawn_from is not None:
@@ -288,7 +293,7 @@ class _StepCounter:
         self.thread.start()
 
     def _run(self) -> None:
-        while (item := self.steps.get()) is not None:
+        while self.steps.get() is not None:
             self.progress.advance()
 
     def stop(self) -> None:

@@ -24,3 +24,4 @@ for _module in (robust, codecs, secure_aggregation, silo_dp, dp_sgd, lora):
 # resolved weighting policy; None when the config does not ask for it. In registration order, innermost first.
 ROUND_STAGES: Registry[Callable[[object, object], object | None]] = Registry("round stage")
 ROUND_STAGES.add("silo_dp", silo_dp.server_stage)
+ROUND_STAGES.add("sum_guard", secure_aggregation.server_stage)  # outside silo-level DP: it reads the noisy mean

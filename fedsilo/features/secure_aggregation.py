@@ -2,6 +2,8 @@
 the mask."""
 from __future__ import annotations
 
+from fedsilo.privacy.secure_stages import SumGuard
+
 from .common import changed_limits
 
 WHY = "the server sees only the sum of the silos' masked updates"
@@ -41,3 +43,14 @@ def check(recipe) -> str | None:
         return (f"federation.secure_aggregation: {per_round} silo(s) per round: {why}; use more silos"
                 + ("" if per_round < 2 else " or a lower threshold"))
     return None
+
+
+def server_stage(cfg, weighting) -> SumGuard | None:
+    """What the server can still bound when it sees only the sum: the round's mean update. Under silo-level
+    DP the mean holds the noise, whose norm (σ·C·√d / W) can exceed the model's own: only its growth over
+    the applied rounds is bounded there (their noise is alike)."""
+    secure = cfg.federation.secure_aggregation
+    if secure is None:
+        return None
+    ratio, growth = (None if v == "off" else float(v) for v in (secure.max_mean_ratio, secure.max_mean_growth))
+    return SumGuard(None if cfg.federation.silo_dp is not None else ratio, growth)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from fedsilo.core.weighting import WEIGHTINGS
+from fedsilo.errors import ConfigError
 from fedsilo.privacy.accountant import Budget, noise_for
 from fedsilo.privacy.secagg import SecAggSettings
 from fedsilo.privacy.silo_dp import SiloDP, SiloDPStage, SiloRelease
@@ -76,7 +77,10 @@ def mechanism(cfg) -> SiloDP | None:
     sigma = dp.noise_multiplier
     if sigma is None:
         worst = 1.0 if dp.central else math.sqrt(m / max(1, min(fewest(m), m)))
-        sigma = noise_for(dp.target_epsilon, dp.delta, 1.0, cfg.federation.rounds) * worst
+        try:
+            sigma = noise_for(dp.target_epsilon, dp.delta, 1.0, cfg.federation.rounds) * worst
+        except ConfigError as err:
+            raise ConfigError(f"federation.silo_dp.{err}") from None
     return SiloDP(dp.central, dp.clip, sigma, Budget(sigma, 1.0, dp.delta, dp.target_epsilon),
                   seed=cfg.seed if dp.seeded else None, shares=m, fewest=fewest)
 

@@ -199,10 +199,10 @@ def _probe(device: torch.device, name: str) -> None:
 
 
 @torch.no_grad()
-def loss_and_greedy(model, enc, labels: torch.Tensor, max_new_tokens: int) -> tuple[float, int, torch.Tensor]:
-    """(summed teacher-forced token cross-entropy, label tokens, greedy output ids) from one encoder
-    pass: evaluation needs both, and the encoder is the costly half to run twice. The sum is taken
-    in float64, so pooling over many tokens is exact; padding labels are -100."""
+def token_losses_and_greedy(model, enc, labels: torch.Tensor, max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(each label token's teacher-forced cross-entropy [B, T], 0 at padding labels (-100); greedy
+    output ids) from one encoder pass: evaluation needs both, and the encoder is the costly half to
+    run twice. The losses are float64, so sums over many tokens (a row's, or each item's) are exact."""
     encoder_outputs = model.get_encoder()(**enc, return_dict=True)
     out = model(attention_mask=enc["attention_mask"], encoder_outputs=encoder_outputs, labels=labels)
     logits = out.logits.float()
@@ -210,7 +210,7 @@ def loss_and_greedy(model, enc, labels: torch.Tensor, max_new_tokens: int) -> tu
                                  ignore_index=-100, reduction="none")  # 0 at padding
     ids = model.generate(attention_mask=enc["attention_mask"], encoder_outputs=encoder_outputs,
                          max_new_tokens=max_new_tokens, num_beams=1, do_sample=False)
-    return float(token_loss.double().sum()), int((labels != -100).sum()), ids
+    return token_loss.double().view(labels.shape), ids
 
 
 @torch.no_grad()

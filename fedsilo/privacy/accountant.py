@@ -1,11 +1,15 @@
 """The accountant both privacy levels use: Opacus's RDP accountant of the (subsampled) Gaussian
 mechanism over a history of (σ, q, steps): a silo's DP-SGD history comes from its privacy ledger
-(fedsilo.privacy.ledger), silo-level DP's from the server's checkpoint."""
+(fedsilo.privacy.ledger), silo-level DP's from the server's checkpoint, checked on resume against
+rounds.jsonl's records of it (fedsilo.privacy.silo_dp.SiloDPStage.state_problem)."""
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from fedsilo.errors import ConfigError
 
 
 ORDERS = tuple(range(2, 257))
@@ -26,7 +30,9 @@ class Budget:
     history: list[tuple[float, float, int]] = field(default_factory=list)
 
     def epsilon(self, more_steps: int = 0) -> float:
-        """ε at this δ after the steps taken (and `more_steps` more); 0 before any."""
+        """ε at this δ after the steps taken (and `more_steps` more); 0 before any. Never below 0: where δ
+        is large (δ > 1/256) and the noise too, the RDP conversion's bound goes negative, which only says
+        (0, δ)-DP holds (fedsilo.privacy.accountant.smallest_epsilon)."""
         history = list(self.history) + ([(self.noise_multiplier, self.sample_rate, more_steps)] if more_steps else [])
         if not history:
             return 0.0
@@ -36,7 +42,7 @@ class Budget:
         accountant.history = history
         with warnings.catch_warnings():  # "optimal order is the smallest alpha": 2, by the choice above
             warnings.filterwarnings("ignore", message="Optimal order is the")
-            return float(accountant.get_epsilon(delta=self.delta, alphas=ORDERS))
+            return max(0.0, float(accountant.get_epsilon(delta=self.delta, alphas=ORDERS)))
 
     def spend(self, steps: int) -> None:
         if not steps:
@@ -67,19 +73,46 @@ class Budget:
                 **({"target_epsilon": self.target_epsilon} if self.target_epsilon is not None else {})}
 
 
+def smallest_epsilon(delta: float) -> float:
+    """The least ε this accountant can reach at δ, whatever the noise: the limit of the RDP → (ε, δ)
+    conversion (Balle et al. 2020, Thm 21, Opacus's) as the RDP of every order goes to 0, over ORDERS;
+    never below 0. A target at or below it cannot be met by any σ, so it is refused, not searched for."""
+    return max(0.0, min(-(math.log(delta) + math.log(a)) / (a - 1) + math.log((a - 1) / a) for a in ORDERS))
+
+
+def unreachable(target_epsilon: float, delta: float) -> str | None:
+    """Why `target_epsilon` cannot be reached at δ (naming the smallest ε that can), or None."""
+    floor = smallest_epsilon(delta)
+    if target_epsilon > floor:
+        return None
+    return (f"target_epsilon = {target_epsilon:g} cannot be reached at δ = {delta:.3g}: even unbounded noise leaves "
+            f"ε = {floor:.4g} (the accountant's Rényi orders {ORDERS[0]}-{ORDERS[-1]}); set target_epsilon above "
+            f"{floor:.4g}, or a larger delta")
+
+
 def noise_for(target_epsilon: float, delta: float, sample_rate: float, steps: int,
               spent: list[tuple[float, float, int]] | tuple = ()) -> float:
     """The smallest σ (within 0.01 below the target) whose ε after `steps` steps at rate q, on top of the
     steps already `spent` (a silo's privacy ledger: earlier runs on the same data), stays within
     `target_epsilon`, over the same orders as `Budget`. Nothing spent: Opacus's own search. Where even
-    σ = 10⁴ cannot fit the steps under what is left, that σ (the round check then refuses)."""
+    σ = 10⁴ cannot fit the steps under what is left, that σ (the round check then refuses). A target no σ
+    reaches (`unreachable`) is a ConfigError naming the smallest reachable ε."""
+    why = unreachable(target_epsilon, delta)
+    if why is not None:
+        raise ConfigError(why)
     if not spent:
         from opacus.accountants.utils import get_noise_multiplier
 
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Optimal order is the")
-            return float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=delta, sample_rate=sample_rate,
-                                              steps=steps, accountant="rdp", epsilon_tolerance=0.01, alphas=ORDERS))
+            try:
+                return float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=delta,
+                                                  sample_rate=sample_rate, steps=steps, accountant="rdp",
+                                                  epsilon_tolerance=0.01, alphas=ORDERS))
+            except ValueError:  # "The privacy budget is too low": σ would pass Opacus's 10⁶
+                raise ConfigError(f"target_epsilon = {target_epsilon:g} at δ = {delta:.3g} over {steps} steps "
+                                  f"needs σ > 10⁶ (the smallest reachable ε is {smallest_epsilon(delta):.4g}); "
+                                  "set a larger target_epsilon") from None
 
     def eps(sigma: float) -> float:
         return Budget(sigma, sample_rate, delta, history=list(spent)).epsilon(steps)

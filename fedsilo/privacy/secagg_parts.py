@@ -101,6 +101,9 @@ def encode(x: np.ndarray, step: float, n_clients: int) -> np.ndarray:
         inside = np.abs(part) < limit  # False for NaN too
         if not inside.all():
             i = start + int(np.argmin(inside))
+            if not np.isfinite(x[i]):  # no step encodes it: the silo's update itself is broken
+                raise ValueError(f"secure aggregation input coordinate {i} is {x[i]} (not finite): the silo's own "
+                                 "update is broken, and no step would encode it")
             raise ValueError(
                 f"secure aggregation input coordinate {i} is {abs(x[i]):.6g} in magnitude; with step {step:g} "
                 f"and {n_clients} clients it must be below {limit:.6g} (2^62 * step / n_clients), else the "

@@ -2,11 +2,14 @@
 (fedsilo.privacy.secagg) and `[federation.silo_dp]` (fedsilo.privacy.silo_dp)."""
 from __future__ import annotations
 
+import math
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from fedsilo.settings import FiniteFloat, Strict
+from fedsilo.settings import FiniteFloat, Limit, Strict
+
+from .accountant import unreachable
 
 
 class SecureAggregationConfig(Strict):
@@ -20,6 +23,23 @@ class SecureAggregationConfig(Strict):
         description="the federation roster every silo must hold (`fedsilo keys roster` prints it); a silo whose "
                     "roster differs, or that has none, refuses the round. On Flower only: in-process every silo "
                     "gets fresh keys per round")
+    # the server sees only the sum, so no silo's own update can be bounded, only the round's mean update
+    # (fedsilo.privacy.secure_stages.SumGuard)
+    max_mean_ratio: Limit = Field(
+        10.0, description="skip a round whose mean update is longer than this many times the global tensors' norm "
+                          "(at least 1) (\"off\": no limit)")
+    max_mean_growth: Limit = Field(
+        10.0, description="skip a round whose mean update is longer than this many times the median of the applied "
+                          "rounds' before it (\"off\": no limit)")
+
+    @field_validator("max_mean_ratio", "max_mean_growth", mode="before")
+    @classmethod
+    def _limit(cls, v: object, info: ValidationInfo) -> object:
+        growth = info.field_name == "max_mean_growth"  # below 1 an unchanged step would be skipped
+        if isinstance(v, bool) or (isinstance(v, (int, float)) and not (
+                math.isfinite(v) and (v >= 1 if growth else v > 0))):
+            raise ValueError(f"must be a finite number {'≥ 1' if growth else '> 0'}, or \"off\"")
+        return v
 
 
 _ADDS_NOISE_ON_SERVER = {"central": True, "distributed": False}
@@ -51,4 +71,7 @@ class SiloDPConfig(Strict):
     def _one_of(self) -> "SiloDPConfig":
         if self.target_epsilon is None and self.noise_multiplier is None:
             raise ValueError("set target_epsilon (σ is derived from it) or noise_multiplier")
+        why = unreachable(self.target_epsilon, self.delta) if self.target_epsilon is not None else None
+        if why is not None:
+            raise ValueError(why)
         return self

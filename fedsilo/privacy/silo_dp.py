@@ -217,6 +217,42 @@ class SiloDPStage:
         return json.dumps(self.dp.budget.to_meta())
 
     def load_state_dict(self, state: str | None) -> None:
+        """The checkpoint's history of releases (checked against rounds.jsonl by `state_problem`); σ's plan,
+        δ and the target are the config's, never a checkpoint's."""
         dp = self.dp
-        dp.budget = Budget.from_meta(json.loads(state)) if state is not None else \
-            Budget(dp.noise_multiplier, 1.0, dp.budget.delta, dp.budget.target_epsilon)
+        history = Budget.from_meta(json.loads(state)).history if state is not None else []
+        dp.budget = Budget(dp.noise_multiplier, 1.0, dp.budget.delta, dp.budget.target_epsilon, history)
+
+    def state_problem(self, state: str | None, recorded: list[dict | None]) -> str | None:
+        """What is wrong with a checkpoint's accountant (`state`), given this stage's record of each round
+        it has done (rounds.jsonl's `silo_dp`, None where a round released nothing), or None. The records
+        are the authority: the accountant they compose is rebuilt, and one that differs (an emptied or
+        shortened history, another σ, δ or target) is refused, never trusted to spend less."""
+        rebuilt = Budget(self.dp.noise_multiplier, 1.0, self.dp.budget.delta, self.dp.budget.target_epsilon)
+        for r, record in enumerate(recorded, 1):
+            if record is None:
+                continue
+            try:
+                sigma, steps = float(record["noise_multiplier"]), int(record["steps"])
+            except (KeyError, TypeError, ValueError):
+                return f"rounds.jsonl's silo_dp record of round {r} is unreadable"
+            if steps != rebuilt.steps + 1:
+                return (f"rounds.jsonl's silo_dp record of round {r} says {steps} releases where its earlier "
+                        f"rounds record {rebuilt.steps}")
+            rebuilt.noise_multiplier = sigma
+            rebuilt.spend(1)
+        try:
+            held = Budget.from_meta(json.loads(state)) if state is not None else None
+        except (TypeError, ValueError, KeyError, json.JSONDecodeError):
+            return "its silo-level DP accountant (server silo_dp) is unreadable"
+        if held is None:
+            return (f"it holds no silo-level DP accountant, where rounds.jsonl records {rebuilt.steps} releases"
+                    if rebuilt.steps else None)
+        same = ([tuple(h) for h in held.history] == [tuple(h) for h in rebuilt.history]
+                and (held.delta, held.sample_rate, held.target_epsilon) == (rebuilt.delta, 1.0, rebuilt.target_epsilon))
+        if same:
+            return None
+        return (f"its silo-level DP accountant (server silo_dp: {held.steps} releases, ε = {held.epsilon():.3f}, "
+                f"δ = {held.delta:.3g}, target {held.target_epsilon}) disagrees with rounds.jsonl and the config "
+                f"({rebuilt.steps} releases, ε = {rebuilt.epsilon():.3f}, δ = {rebuilt.delta:.3g}, target "
+                f"{rebuilt.target_epsilon}): edited or another run's, it would spend the privacy budget again")

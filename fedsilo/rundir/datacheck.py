@@ -38,8 +38,8 @@ def warnings_of(check: SiloCheck) -> list[str]:
     for split, dups in check.duplicates.items():
         out.append(f"silo {check.name}: {len(dups)} exact duplicate example(s) in {split}, first {dups[0][0]} "
                    f"(repeats {dups[0][1]})")
-    for pair, keys in check.overlap.items():
-        out.append(f"silo {check.name}: {len(keys)} {check.key_name}(s) in both {pair}, e.g. {keys[0][:60]!r}: "
+    for pair, keys in check.overlap.items():  # keys equal only up to case: `fedsilo data check` lists them
+        out.append(f"silo {check.name}: {len(keys)} {check.key_name}(s) in both {pair}, e.g. {keys[0].shown()}: "
                    "evaluation sees them in training")
     return out
 

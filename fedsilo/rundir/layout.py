@@ -12,6 +12,7 @@ import os
 import tomllib
 import uuid
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -178,10 +179,12 @@ class RunDir:
         except Exception as err:  # noqa: BLE001 - any unreadable file is the same user-facing problem
             raise RunDirError(f"{path} is not a readable fedsilo checkpoint: {err}") from None
 
-    def load_checkpoint(self, path: Path, identity: dict, like: dict,
-                        device: torch.device | str = "cpu") -> dict | None:
+    def load_checkpoint(self, path: Path, identity: dict, like: dict, device: torch.device | str = "cpu",
+                        server_problem: Callable[[dict, list[dict]], str | None] | None = None) -> dict | None:
         """A checkpoint of *this* run: right structure, tensors shaped like `like` and finite, the
-        same run id and config hash, and as many rounds in rounds.jsonl as it has done."""
+        same run id and config hash, and as many rounds in rounds.jsonl as it has done; its server state
+        agreeing with those rounds' records (`server_problem(server state, records)`: e.g. the silo-level
+        DP accountant, which the records rebuild)."""
         state = self.load(path, device)
         if state is None:
             return None
@@ -197,6 +200,8 @@ class RunDir:
             if logged != list(range(1, state["round"] + 1)):
                 problem = (f"it is at round {state['round']} but {self.rounds.name} holds rounds "
                            f"{logged[:1] + ['...'] + logged[-1:] if len(logged) > 2 else logged}")
+        if problem is None and server_problem is not None:
+            problem = server_problem(state["server"], [r for r in self.read_rounds() if r["round"] <= state["round"]])
         if problem:
             raise RunDirError(f"{path} cannot be resumed: {problem}; start afresh with another --out")
         return state
@@ -214,10 +219,23 @@ class RunDir:
 
 
 
-def init_tensors(source: str | Path, like: dict) -> dict[str, torch.Tensor]:
+def tokenizer_identity(tokenizer) -> str | None:
+    """A short hash of a tokenizer's vocabulary (piece → id), recorded in every checkpoint: an
+    embedding row means a piece only under the vocabulary it was trained with, and two vocabularies
+    of one size load onto each other without any shape error. None for a tokenizer without one."""
+    vocab = getattr(tokenizer, "get_vocab", None)
+    if vocab is None:
+        return None
+    pieces = sorted(vocab().items(), key=lambda kv: (kv[1], kv[0]))
+    return hashlib.sha256(json.dumps(pieces, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def init_tensors(source: str | Path, like: dict, tokenizer: str | None = None) -> dict[str, torch.Tensor]:
     """The tensors `model.init_from` names: a run directory's best.pt (its selected global model), a
     fedsilo checkpoint file, or a plain state dict. Each must be a tensor of the model, shaped as
-    there and finite; model tensors the source lacks keep their fresh values (with a warning)."""
+    there and finite; model tensors the source lacks keep their fresh values (with a warning).
+    `tokenizer`: the identity of the tokenizer this run fitted itself (none saved beside the
+    checkpoint): a checkpoint recording another is refused, one recording none is warned about."""
     path = Path(source).expanduser()
     if path.is_dir():
         if not (path / "best.pt").is_file():
@@ -230,6 +248,7 @@ def init_tensors(source: str | Path, like: dict) -> dict[str, torch.Tensor]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - any unreadable file is the same user-facing problem
         raise ConfigError(f"model.init_from: {path} is not a readable checkpoint: {err}") from None
+    recorded = state.get("tokenizer") if isinstance(state, dict) else None
     if isinstance(state, dict) and isinstance(state.get("server"), dict):
         state = state["server"].get("params")
     if not isinstance(state, dict) or not state or not all(isinstance(t, torch.Tensor) for t in state.values()):
@@ -243,6 +262,15 @@ def init_tensors(source: str | Path, like: dict) -> dict[str, torch.Tensor]:
                               f"model's is {tuple(like[name].shape)} (another tokenizer or model size?)")
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise ConfigError(f"model.init_from: {path}: tensor {name!r} holds NaN/Inf values")
+    if tokenizer is not None and recorded is not None and recorded != tokenizer:
+        raise ConfigError(f"model.init_from: {path} was trained with another tokenizer (vocabulary {recorded}, this "
+                          f"run's {tokenizer}): its embeddings would sit on other pieces; start from the run "
+                          "directory that holds it (its tokenizer/ is then used), or refit the same tokenizer")
+    if tokenizer is not None and recorded is None:
+        warnings.warn(f"model.init_from: {path} does not record the tokenizer it was trained with (a bare state "
+                      "dict or an older checkpoint), and this run fits its own: whether its embeddings fit this "
+                      "tokenizer's pieces cannot be checked; start from its run directory (its tokenizer/ is then "
+                      "used) to be sure", stacklevel=2)
     missing = [n for n in like if n not in state]
     if missing:
         warnings.warn(f"model.init_from: {path} has no values for {len(missing)} of the model's tensors "

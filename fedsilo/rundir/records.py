@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedsilo.fileio import read_jsonl
+from fedsilo.fileio import atomic_write_bytes, read_jsonl
 
 # Display names of the text-to-SQL silos (the paper's spelling); any other name shows as it is.
 DISPLAY_NAMES: dict[str, str] = {
@@ -214,6 +214,72 @@ def registry_spec(config: Mapping[str, Any]) -> dict | None:
         return TASKS.get(name).spec().describe()
     except Exception:  # noqa: BLE001 - without a spec the report falls back to generic labels
         return None
+
+
+# ------------------------------------------------------------------ test items
+
+ITEMS_FOLDER = "items"
+_ITEM_KEYS = {"client", "task", "split", "ids", "stats"}
+
+
+def items_path(run_dir: str | Path, split: str = "test") -> Path:
+    """Where a run directory keeps the per-item stats of its final `split` evaluation."""
+    return Path(run_dir) / ITEMS_FOLDER / f"{split}.jsonl"
+
+
+def item_records(rows: Sequence[Mapping[str, Any]], split: str = "test") -> list[dict]:
+    """The items file's lines from evaluation rows that carry `items` (`fedsilo.tasks.base.ItemStats`):
+    {client, task, split, ids, stats}, in the rows' order (results.json's)."""
+    return [{"client": r["client"], "task": r.get("task"), "split": split, "ids": list(r["items"]["ids"]),
+             "stats": list(r["items"]["stats"])} for r in rows if r.get("items") is not None]
+
+
+def write_items(run_dir: str | Path, records: Sequence[Mapping[str, Any]], split: str = "test") -> Path | None:
+    """`items/<split>.jsonl`, written atomically (temporary file, fsync, rename) before results.json,
+    so a run that reports a test result has its items. Nothing is written without records (a task
+    that keeps no per-item stats). Ids are hashes and stats numbers: no silo text."""
+    if not records:
+        return None
+    path = items_path(run_dir, split)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records).encode())
+    return path
+
+
+def read_items(run_dir: str | Path, split: str = "test") -> list[dict] | None:
+    """The items file's records (see `write_items`), or None when the run has none; a malformed one
+    raises ValueError naming file, line and what is wrong (what a significance test pairs must be
+    the run's own numbers)."""
+    path = items_path(run_directory(run_dir), split)
+    if not path.is_file():
+        return None
+    parsed, partial = read_jsonl(read_text(path), str(path))
+    if partial:  # written atomically: a cut line is not a crash's, the file was altered
+        raise ValueError(partial.replace(" skipped", ""))
+    records = []
+    for lineno, record in parsed:
+        where = f"{path}:{lineno}"
+        if not isinstance(record, dict) or set(record) != _ITEM_KEYS:
+            raise ValueError(f"{where}: expected an object with keys {', '.join(sorted(_ITEM_KEYS))}")
+        ids, stats = record["ids"], record["stats"]
+        if not isinstance(ids, list) or not all(isinstance(i, str) and len(i) == 16 and
+                                                all(c in "0123456789abcdef" for c in i) for i in ids):
+            raise ValueError(f"{where}: 'ids' must be a list of 16-hex-digit hashes")
+        if not isinstance(stats, list) or len(stats) != len(ids):
+            raise ValueError(f"{where}: 'stats' must be a list of one object per id ({len(ids)})")
+        for i, item in enumerate(stats):
+            item = _object(item, f"{where}: stats[{i}]")
+            bad = next((k for k, v in item.items() if not _numeric(v)), None)
+            if bad is not None:
+                raise ValueError(f"{where}: stats[{i}][{bad!r}] must be a number or a list of numbers")
+        records.append(record)
+    return records
+
+
+def _numeric(value: Any) -> bool:
+    if isinstance(value, list):
+        return all(_numeric(v) for v in value)
+    return isinstance(value, _NUM) and not isinstance(value, bool)
 
 
 # ---------------------------------------------------------------- metric specs

@@ -23,10 +23,10 @@ from fedsilo.client.silo import federated_parameters, load_tensors, received_onl
 from fedsilo.client.store import make_store
 from fedsilo.config import load_config
 from fedsilo.core.lora import LORA_AGGREGATIONS, pairs
-from fedsilo.errors import ConfigError
+from fedsilo.errors import ConfigError, RunDirError
 from fedsilo.models.lora import LoraSettings, lora_settings
 from fedsilo.recipe import build_model, exchange_plan, store_root
-from fedsilo.rundir.layout import RunDir
+from fedsilo.rundir.layout import RunDir, config_hash
 
 _PEFT = (".lora_", ".modules_to_save.")
 
@@ -37,13 +37,55 @@ def _without_lora(cfg):
     return cfg.model_copy(update={"model": cfg.model.model_copy(update={"surgery": surgery})})
 
 
-def _best(run: RunDir) -> dict:
+def _run_id(run: RunDir) -> str | None:
+    """This run's id as the run directory keeps it (OUT/run_id, else its checkpoint.pt's: the resume's
+    rule), read without writing anything; never best.pt's own, which is what is checked."""
+    path = run.path / "run_id"
+    if path.is_file():
+        return path.read_text().strip() or None
+    state = run.load(run.checkpoint)
+    found = state.get("run_id") if isinstance(state, dict) else None
+    return found if isinstance(found, str) and found else None
+
+
+def _best(run: RunDir, cfg) -> dict:
+    """best.pt, if it is this run's (its run id and config hash) and holds only finite tensors: an export
+    carries no model that resume would refuse."""
     if not run.best.is_file():
         raise ConfigError(f"{run.path}: no best.pt (the run has no evaluated round yet)")
-    state = torch.load(run.best, map_location="cpu", weights_only=True)
-    if not isinstance(state, dict) or "server" not in state:
-        raise ConfigError(f"{run.best}: not a fedsilo checkpoint")
+    state = run.load(run.best)
+    if not isinstance(state, dict) or not isinstance(state.get("server"), dict) \
+            or not isinstance(state["server"].get("params"), dict):
+        raise RunDirError(f"{run.best}: not a fedsilo checkpoint")
+    ours = _run_id(run)
+    if ours is None:
+        raise RunDirError(f"{run.best}: cannot be checked against this run: {run.path} has neither run_id nor "
+                          "checkpoint.pt")
+    if state.get("run_id") != ours:
+        raise RunDirError(f"{run.best} belongs to another run (run id {state.get('run_id')}, this run is {ours}); "
+                          "nothing exported")
+    if state.get("config") != config_hash(cfg):
+        raise RunDirError(f"{run.best} was trained under another config than {run.config}; nothing exported")
+    _finite(state["server"]["params"], run.best)
     return state
+
+
+def _finite(tensors: dict, source: Path) -> None:
+    """Every tensor a tensor and finite, else RunDirError naming `source` and the tensor."""
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise RunDirError(f"{source}: {name!r} is not a tensor; nothing exported")
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise RunDirError(f"{source}: tensor {name!r} holds {bad} NaN/Inf values; nothing exported")
+
+
+def _fits(tensors: dict, params: dict, source: Path) -> None:
+    """Each tensor shaped as the model's (a best.pt of another model size is named, not a traceback)."""
+    for name, t in tensors.items():
+        if tuple(t.shape) != tuple(params[name].shape):
+            raise RunDirError(f"{source}: tensor {name!r} has shape {tuple(t.shape)}, the model's is "
+                              f"{tuple(params[name].shape)}; nothing exported")
 
 
 def _silo_tensors(run: RunDir, state: dict, silo: str) -> dict[str, torch.Tensor]:
@@ -57,7 +99,9 @@ def _silo_tensors(run: RunDir, state: dict, silo: str) -> dict[str, torch.Tensor
     if kept is None:
         raise ConfigError(f"--silo {silo}: no state of {silo!r} in {run.path} (not a silo of this run, or it "
                           "never trained)")
-    return kept.slot("own")
+    own = kept.slot("own")
+    _finite(own, store_root(run.path) / silo if clients["kind"] == "disk" else run.best)
+    return own
 
 
 def _merged_as_lora(model, base) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -86,13 +130,16 @@ def export_adapters(run_dir: str | Path, out: str | Path, silo: str | None = Non
     lora = lora_settings(cfg.model)
     if lora is None:
         raise ConfigError(f"{run.path}: the run has no lora surgery (model.surgery), so it has no adapters to export")
-    state = _best(run)
+    state = _best(run, cfg)
     model, tokenizer = build_model(cfg)
     params = federated_parameters(model)
-    load_tensors(model, {k: v for k, v in state["server"]["params"].items() if k in params})
+    shared = {k: v for k, v in state["server"]["params"].items() if k in params}
+    _fits(shared, params, run.best)
+    load_tensors(model, shared)
     personal: list[str] = []
     if silo is not None:
         own = {k: v for k, v in _silo_tensors(run, state, silo).items() if k in params}
+        _fits(own, params, run.path / "clients" / silo)
         load_tensors(model, own)
         personal = sorted(own)
     base, _ = build_model(_without_lora(cfg))

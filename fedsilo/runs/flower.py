@@ -17,7 +17,7 @@ from fedsilo.config import RunConfig, load_config
 from fedsilo.engines.flower.engine import FlowerEngine
 from fedsilo.progress import Display, Progress
 from fedsilo.recipe import build_model, build_server
-from fedsilo.rundir.layout import RunDir
+from fedsilo.rundir.layout import RunDir, tokenizer_identity
 from fedsilo.rundir.lock import RunLock, held_for
 from fedsilo.tasks import TASKS
 
@@ -38,14 +38,21 @@ def serve(grid: Grid, cfg: RunConfig, out: Path, resume: bool, show_progress: Di
 def _serve(grid: Grid, cfg: RunConfig, out: Path, resume: bool, show_progress: Display) -> dict:
     run = RunDir(out)
     run.prepare(cfg, resume)  # fails before any silo is contacted if the run dir is unusable
-    model, _ = build_model(cfg)  # the same builder as the silos: initial weights only, no client data
+    model, tokenizer = build_model(cfg)  # the same builder as the silos: initial weights only, no client data
     engine = FlowerEngine(grid, cfg, run_key=run.run_id())
     spec = TASKS.get(cfg.task.name).spec()
     with Progress(enabled=show_progress) as progress:
         results = run_federation(cfg, run, engine, build_server(cfg, model), spec, cfg.task.name, resume,
-                                 progress)
+                                 progress, display=server_display(cfg), tokenizer=tokenizer_identity(tokenizer))
     write_report(out)
     return results
+
+
+def server_display(cfg: RunConfig) -> dict[str, str]:
+    """The silos' names in tables, from the config alone (the server never opens the silos' data):
+    an own source's `display`, a benchmark silo's name in the papers."""
+    names = cfg.task.display_names()
+    return {silo: names[silo] for silo in cfg.task.client_names() if silo in names}
 
 
 def make_server_app(cfg: RunConfig, out: Path, resume: bool = False, show_progress: Display = True) -> ServerApp:

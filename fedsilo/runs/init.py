@@ -1,106 +1,340 @@
 """`fedsilo init DATA_DIR --task NAME`: a commented config for a folder holding one sub-folder (or
-file) per silo. What can be told from the files is filled in (format from the suffix, files per
-split from their names, fields from the header or the first JSON object, a schema or database
-beside text-to-SQL rows); what cannot is written as a `DECIDE` line for the user, never guessed
-silently. The config is validated before it is written.
+file) per silo, or one silo's own folder of split files. What can be told from the files is filled
+in (format from the suffix, .gz read through, files per split from their names, fields from the
+header or the first JSON object, a schema or database beside text-to-SQL rows); what cannot is
+written as a `DECIDE` line for the user, never guessed silently; every file left unused is named,
+with why. The config is validated as the run would load it before it is written, atomically: init
+never leaves a file a run cannot parse.
 """
 from __future__ import annotations
 
 import csv
 import datetime
+import gzip
 import io
 import json
 import os
+import re
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedsilo.errors import UserError
+from fedsilo.config import locate_files, validate
+from fedsilo.errors import ConfigError, UserError
+from fedsilo.fileio import atomic_write_bytes
+from fedsilo.sources.read import GZIP_MAGIC, not_readable
 from fedsilo.tasks import TASKS, SILO_NAME
 
-DATA_SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl"}
+DATA_SUFFIXES = {"csv": "csv", "tsv": "tsv", "jsonl": "jsonl"}
 SPLIT_NAMES = {"train": "train", "training": "train", "dev": "dev", "valid": "dev", "validation": "dev",
                "val": "dev", "test": "test", "testing": "test"}
+SPLIT_ENDINGS = ("test", "dev")  # a word ending so names its split too (newstest2019, newsdev)
 DECIDE = "??"  # a column nobody has: `fedsilo data check` names it until the user decides
+READS = ("init reads .csv, .tsv and .jsonl files and line-aligned files (train.de + train.en: format \"lines\"), "
+         "each also gzip-compressed (.gz)")
 
 
 @dataclass
 class Guess:
-    """One silo's entry as detected: config lines, and what the user must decide."""
+    """One silo's entry as detected: config lines, what the user must decide, and the files of its
+    folder it does not read (name, why)."""
     name: str
     entry: dict = field(default_factory=dict)
     comments: dict[str, str] = field(default_factory=dict)  # key → comment after it
     decide: list[str] = field(default_factory=list)
+    unused: list[tuple[str, str]] = field(default_factory=list)
 
 
-def init_config(data_dir: Path, task: str, out: Path) -> tuple[str, list[Guess]]:
-    """The config text for `data_dir`'s silos (paths relative to `out`'s folder) and the guesses."""
+@dataclass
+class Draft:
+    """The config text, each silo's guess, and the entries of DATA_DIR that are no silo (name, why)."""
+    text: str
+    guesses: list[Guess]
+    unused: list[tuple[str, str]]
+
+
+@dataclass(frozen=True)
+class FileName:
+    """A file's name as init reads it: train.de.gz is stem train, suffix de, gzip-compressed."""
+    path: Path
+    stem: str
+    suffix: str   # without the dot, "" when none
+    gz: bool
+
+    @classmethod
+    def of(cls, path: Path) -> "FileName":
+        name = path.name
+        gz = name.lower().endswith(".gz") and len(name) > 3
+        inner = Path(name[:-3] if gz else name)
+        return cls(path, inner.stem if inner.suffix else inner.name, inner.suffix[1:], gz)
+
+    @property
+    def table(self) -> str | None:
+        """csv, tsv or jsonl when the file is one."""
+        return DATA_SUFFIXES.get(self.suffix.lower())
+
+    @property
+    def lines_name(self) -> str:
+        """The name a `lines` source gives it (PREFIX.SUFFIX; the reader finds the .gz itself)."""
+        return f"{self.stem}.{self.suffix}"
+
+
+def init_config(data_dir: Path, task: str, out: Path) -> Draft:
+    """The config for `data_dir`'s silos (paths relative to `out`'s folder), what was guessed, and
+    what was left out."""
     if task not in TASKS:
         raise UserError(f"--task {task!r} is not a task: {', '.join(TASKS)}")
     settings = TASKS.entry(task).settings
     if settings.SOURCE is None:
         raise UserError(f"task {task!r} takes no own silos (it has no [task.sources])")
     data_dir = Path(data_dir)
-    if not data_dir.is_dir():
-        raise UserError(f"{data_dir} is not a folder (expected one sub-folder or file per silo)")
-    entries = sorted(p for p in data_dir.iterdir() if not p.name.startswith(".") and p.suffix != ".toml")
-    if not entries:
+    why = not_readable(data_dir)
+    if why != "a folder, not a file":
+        raise UserError(f"{data_dir} is {why or 'a file'}; expected a folder with one sub-folder or file per silo")
+    base, roles = out.parent.resolve(), settings.SOURCE.ROLES
+    entries, unused = _top_entries(data_dir)
+    if not entries and not unused:
         raise UserError(f"{data_dir} is empty: put one sub-folder (or file) per silo in it")
-    guesses = [guess_silo(p, settings.SOURCE.ROLES, task, out.parent.resolve()) for p in entries]
+    if _one_silos_folder(entries):
+        guess = guess_silo(data_dir, roles, task, base)
+        guess.decide.insert(0, f"{data_dir} holds one silo's own files ({', '.join(p.name for p in entries)}): "
+                               f"read as one silo, {guess.name}; to federate several silos, give init the folder "
+                               "holding one sub-folder (or file) per silo")
+        guesses, silos = [guess], [data_dir]
+    else:
+        silos = _silo_entries(entries, unused)
+        guesses = [guess_silo(p, roles, task, base) for p in silos]
+    if not guesses:
+        raise UserError(f"{data_dir}: no silo in it ({'; '.join(f'{n}: {w}' for n, w in unused)})")
+    _distinct_names(guesses, silos)
     taken = [g.name for g in guesses if g.name in settings.BENCHMARK]
     if taken:
         raise UserError(f"{', '.join(taken)}: the name of a benchmark silo; rename the folder or file")
-    return render(task, data_dir, guesses), guesses
+    return Draft(render(task, data_dir, guesses, unused), guesses, unused)
 
 
-def _silo_name(path: Path) -> str:
-    name = path.stem if path.is_file() else path.name
+def write_config(draft: Draft, out: Path) -> str | None:
+    """Write `draft` to `out` after loading it as a run would (TOML, then the config's validation),
+    atomically. A config that does not parse, or does not validate with nothing left to DECIDE, is
+    refused and nothing is written; else the reason it is not valid yet (DECIDE lines), or None."""
+    try:
+        raw = tomllib.loads(draft.text)
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{out}: fedsilo init made a config that is not valid TOML ({err}); nothing written. "
+                          "Please report it with the folder's file names") from None
+    note = None
+    try:
+        validate(locate_files(raw, out.parent.resolve()), str(out))
+    except ConfigError as err:
+        if not any(g.decide for g in draft.guesses):  # nothing left to the user: it should have been valid
+            raise
+        note = str(err)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out, draft.text.encode())
+    return note
+
+
+def _top_entries(data_dir: Path) -> tuple[list[Path], list[tuple[str, str]]]:
+    """DATA_DIR's folders and regular files, and the other entries with why they are no silo."""
+    entries, unused = [], []
+    for p in sorted(data_dir.iterdir()):
+        why = "a hidden entry" if p.name.startswith(".") else not_readable(p)
+        if why == "a folder, not a file":
+            why = None
+        elif why is None and p.suffix.lower() == ".toml":
+            why = "a config, not a silo"
+        if why:
+            unused.append((p.name, why))
+        else:
+            entries.append(p)
+    return entries, unused
+
+
+def _silo_entries(entries: list[Path], unused: list[tuple[str, str]]) -> list[Path]:
+    """The entries that are silos: each folder, and each data file; another file is named unused."""
+    out = []
+    for p in entries:
+        if p.is_dir() or FileName.of(p).table:
+            out.append(p)
+        else:
+            unused.append((p.name, "not a silo: a silo is a sub-folder, or one .csv, .tsv or .jsonl file (also .gz); "
+                                   "line-aligned files (train.de + train.en) go in a silo's sub-folder"))
+    return out
+
+
+def _one_silos_folder(entries: list[Path]) -> bool:
+    """Whether DATA_DIR is itself one silo's folder: no sub-folder, and files named by split
+    (train.csv) or line-aligned (train.de + train.en), which cannot each be a silo."""
+    if not entries or any(p.is_dir() for p in entries):
+        return False
+    names = [FileName.of(p) for p in entries]
+    tables = [n for n in names if n.table]
+    return bool(any(n.stem.lower() in SPLIT_NAMES for n in tables) or (not tables and _aligned(names)))
+
+
+def _distinct_names(guesses: list[Guess], paths: list[Path]) -> None:
+    """Silos sharing a name (bank.csv and bank.jsonl) are told apart by their suffix (bank_csv,
+    bank_jsonl), then by a number: a config cannot declare one source twice."""
+    count: dict[str, int] = {}
+    for g in guesses:
+        count[g.name] = count.get(g.name, 0) + 1
+    for g, p in zip(guesses, paths):
+        if count[g.name] > 1 and p.is_file():
+            g.name = _clean(f"{g.name}_{FileName.of(p).suffix or 'file'}")
+    seen: set[str] = set()
+    for g in guesses:
+        name, n = g.name, 2
+        while name in seen:
+            name, n = _clean(f"{g.name}_{n}"), n + 1
+        g.name = name
+        seen.add(name)
+
+
+def _clean(name: str) -> str:
     clean = "".join(c if c.isalnum() or c in "_-." else "_" for c in name).strip("._-") or "silo"
     if not SILO_NAME.fullmatch(clean):
         clean = ("s" + clean)[:64]
     return clean
 
 
+def _silo_name(path: Path) -> str:
+    return _clean(path.name if path.is_dir() else FileName.of(path).stem)
+
+
+def split_of(stem: str) -> tuple[str | None, bool]:
+    """(split, whether the name is exactly a split's): train, valid, test; else a name holding one
+    split's word (test_2019, newstest2019, dev-2010), which init takes and says so."""
+    low = stem.lower()
+    if low in SPLIT_NAMES:
+        return SPLIT_NAMES[low], True
+    words = re.findall(r"[a-z]+", low)
+    found = {SPLIT_NAMES[w] for w in words if w in SPLIT_NAMES}
+    found |= {s for w in words for s in SPLIT_ENDINGS if w.endswith(s) and w not in SPLIT_NAMES}
+    return (found.pop(), False) if len(found) == 1 else (None, False)
+
+
+def _by_split(g: Guess, stems: list[str], shown) -> dict[str, str]:
+    """split → stem, when a train file is found: a stem named exactly as a split first, else one
+    holding a split's word (a DECIDE line says which); a second candidate for a split is named unused."""
+    out: dict[str, str] = {}
+    guessed, extra = [], []
+    for stem in sorted(stems, key=lambda s: (not split_of(s)[1], s)):
+        split, exact = split_of(stem)
+        if split is None:
+            continue
+        if split in out:
+            extra.append((shown(stem), f"another {split} file: {shown(out[split])} is the {split} split"))
+            continue
+        out[split] = stem
+        if not exact:
+            guessed.append(f"{shown(stem)} is taken as the {split} split (its name says {split}); if it is not, "
+                           f"change files.{split}")
+    if "train" not in out:
+        return {}
+    g.decide += guessed
+    g.unused += extra
+    return out
+
+
 def guess_silo(path: Path, roles, task: str, base: Path) -> Guess:
     g = Guess(_silo_name(path))
     rel = lambda p: os.path.relpath(Path(p).resolve(), base)  # noqa: E731
-    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+    files = [path] if path.is_file() else _silo_files(g, path)
     if task == "text2sql":
         files = _sql_extras(files, g, rel)
-    tables = [p for p in files if p.suffix.lower() in DATA_SUFFIXES]
-    by_split: dict[str, Path] = {}
-    for p in tables:
-        split = SPLIT_NAMES.get(p.stem.lower())
-        if split and split not in by_split:
-            by_split[split] = p
-    lines = _aligned(files) if not tables else {}
+    names = [FileName.of(p) for p in files]
+    tables = [n for n in names if n.table]
+    lines = _aligned(names) if not tables else {}
     if lines:
-        return _lines_guess(g, path, lines, roles, rel)
-    if not tables:
+        _lines_guess(g, path, lines, roles, rel)
+        used = {n.path for ns in lines.values() for n in ns if n.lines_name in _used_lines(g)}
+        return _name_unused(g, names, used, path, set(lines))
+    if tables:
+        return _name_unused(g, names, _tables_guess(g, path, tables, roles, rel), path)
+    g.entry["path"] = rel(path)
+    g.decide.append(f"no .csv, .tsv or .jsonl file, nor line-aligned files (train.de + train.en: format \"lines\"), "
+                    f"found in {path} (each may be gzip-compressed, .gz): set path, format and fields")
+    g.entry["format"] = DECIDE
+    return _name_unused(g, names, set(), path)
+
+
+def _silo_files(g: Guess, folder: Path) -> list[Path]:
+    """A silo folder's regular files; the rest (hidden, sub-folders, FIFOs, symlink loops) named unused."""
+    out = []
+    for p in sorted(folder.iterdir()):
+        why = "a hidden file" if p.name.startswith(".") else not_readable(p)
+        if why == "a folder, not a file":
+            why = "a folder inside a silo's folder (not read)"
+        if why:
+            g.unused.append((p.name, why))
+        else:
+            out.append(p)
+    return out
+
+
+def _tables_guess(g: Guess, path: Path, tables: list[FileName], roles, rel) -> set[Path]:
+    stems = {}
+    for n in tables:
+        stems.setdefault(n.stem, n)  # train.csv before train.csv.gz, by name
+    shown = lambda stem: stems[stem].path.name  # noqa: E731
+    by_split = _by_split(g, list(stems), shown)
+    if "train" in by_split:
+        fmt = stems[by_split["train"]].table
+        other = {s: st for s, st in by_split.items() if stems[st].table != fmt}
+        for s, st in other.items():
+            g.unused.append((shown(st), f"a {stems[st].table} file; the silo's format is {fmt} (from its train file)"))
+            del by_split[s]
         g.entry["path"] = rel(path)
-        g.decide.append(f"no .csv, .tsv or .jsonl file found in {path}: set path, format and fields")
-        g.entry["format"] = DECIDE
-        return g
-    if by_split and "train" in by_split:
-        g.entry["path"] = rel(path)
-        g.entry["format"] = DATA_SUFFIXES[by_split["train"].suffix.lower()]
-        g.entry["files"] = {s: by_split[s].name for s in ("train", "dev", "test") if s in by_split}
+        g.entry["format"] = fmt
+        g.entry["files"] = {s: stems[by_split[s]].path.name for s in ("train", "dev", "test") if s in by_split}
         cut = [s for s in ("dev", "test") if s not in by_split]
         if cut:
             g.entry["split"] = {s: 0.1 for s in cut} | {"seed": 0}
             g.comments["split"] = f"{' and '.join(cut)} cut from train, grouped by {roles.key}"
-        sample = by_split["train"]
+        sample = stems[by_split["train"]].path
+        used = {stems[st].path for st in by_split.values()}
     else:
-        sample = tables[0]
+        sample = tables[0].path
         if len(tables) > 1:
             g.decide.append(f"{len(tables)} data files and none named train/dev/test: {sample.name} is used; "
                             "name them train/dev/test to use each as a split")
         g.entry["path"] = rel(sample)
-        g.entry["format"] = DATA_SUFFIXES[sample.suffix.lower()]
+        g.entry["format"] = tables[0].table
         g.entry["split"] = {"dev": 0.1, "test": 0.1, "seed": 0}
         g.comments["split"] = f"one file: 10% dev, 10% test, grouped by {roles.key} (no {roles.key} in two splits)"
+        used = {sample}
     columns = _columns(sample, g.entry["format"])
     _map_fields(g, roles, columns, sample)
+    return used
+
+
+def _name_unused(g: Guess, names: list[FileName], used: set[Path], folder: Path, corpora: set[str] = frozenset()
+                 ) -> Guess:
+    """Every file of the silo the config does not read, with why (unless said already); `corpora`:
+    the stems of line-aligned files."""
+    said = {n for n, _ in g.unused}
+    fields = g.entry.get("fields", {}) if g.entry.get("format") == "lines" else {}
+    for n in names:
+        if n.path in used or n.path.name in said or n.path == folder or _is_extra(g, n.path):
+            continue
+        if n.table:
+            why = "no split name (train, dev, test) and another file is read" if "files" not in g.entry else \
+                  "its name is no split's (train, dev/valid/val, test)"
+        elif n.stem in corpora and n.suffix not in fields.values():
+            mapped = ", ".join(f"{r} = {s}" for r, s in fields.items())
+            why = f"its suffix .{n.suffix} is no role's file (fields: {mapped})"
+        elif n.stem in corpora:
+            why = "its name is no split's (train, dev/valid/val, test) and another corpus is read"
+        else:
+            why = f"not a data file ({'.' + n.suffix if n.suffix else 'no suffix'}): {READS}"
+        g.unused.append((n.path.name, why))
     return g
+
+
+def _is_extra(g: Guess, path: Path) -> bool:
+    """A text-to-SQL schema or database the entry names."""
+    return any(isinstance(v, str) and v != DECIDE and Path(v).name == path.name
+               for k, v in g.entry.items() if k in ("schema_file", "database"))
 
 
 def _sql_extras(files: list[Path], g: Guess, rel) -> list[Path]:
@@ -120,18 +354,24 @@ def _sql_extras(files: list[Path], g: Guess, rel) -> list[Path]:
     return rest
 
 
-def _aligned(files: list[Path]) -> dict[str, list[Path]]:
-    """stem → files sharing it with other suffixes (train.de, train.en): line-aligned files."""
-    stems: dict[str, list[Path]] = {}
-    for p in files:
-        if p.suffix and p.suffix.lower() not in DATA_SUFFIXES:
-            stems.setdefault(p.stem, []).append(p)
-    return {s: ps for s, ps in stems.items() if len(ps) >= 2}
+def _aligned(names: list[FileName]) -> dict[str, list[FileName]]:
+    """stem → files sharing it with other suffixes (train.de, train.en, either may be .gz): line-aligned files."""
+    stems: dict[str, list[FileName]] = {}
+    for n in names:
+        if n.suffix and not n.table:
+            stems.setdefault(n.stem, []).append(n)
+    return {s: ns for s, ns in stems.items() if len({n.suffix for n in ns}) >= 2}
 
 
-def _lines_guess(g: Guess, path: Path, stems: dict[str, list[Path]], roles, rel) -> Guess:
+def _used_lines(g: Guess) -> set[str]:
+    """PREFIX.SUFFIX of every file the lines entry reads."""
+    stems = list(g.entry.get("files", {}).values()) or [Path(g.entry["path"]).name]
+    return {f"{stem}.{suffix}" for stem in stems for suffix in g.entry["fields"].values() if suffix != DECIDE}
+
+
+def _lines_guess(g: Guess, path: Path, stems: dict[str, list[FileName]], roles, rel) -> Guess:
     g.entry["format"] = "lines"
-    suffixes = sorted({p.suffix[1:] for ps in stems.values() for p in ps})
+    suffixes = sorted({n.suffix for ns in stems.values() for n in ns})
     fields = {}
     for role in roles.required:
         match = next((s for s in suffixes if s.lower() in roles.names_for(role)), None)
@@ -139,28 +379,34 @@ def _lines_guess(g: Guess, path: Path, stems: dict[str, list[Path]], roles, rel)
         if match is None:
             g.decide.append(f"fields.{role}: which file suffix holds the {role} ({', '.join(suffixes)})")
     g.entry["fields"] = fields
-    by_split = {SPLIT_NAMES[s.lower()]: s for s in stems if s.lower() in SPLIT_NAMES}
+    by_split = _by_split(g, list(stems), lambda stem: f"{stem}.*")
     if "train" in by_split:
         g.entry["path"] = rel(path)
         g.entry["files"] = {s: by_split[s] for s in ("train", "dev", "test") if s in by_split}
         cut = [s for s in ("dev", "test") if s not in by_split]
         if cut:
             g.entry["split"] = {s: 0.1 for s in cut} | {"seed": 0}
+            g.comments["split"] = f"{' and '.join(cut)} cut from train, grouped by {roles.key}"
     else:
         stem = sorted(stems)[0]
+        if len(stems) > 1:
+            g.decide.append(f"{len(stems)} line-aligned corpora and none named train/dev/test: {stem}.* is used; "
+                            "name them train/dev/test to use each as a split")
         g.entry["path"] = rel(path / stem)
         g.entry["split"] = {"dev": 0.1, "test": 0.1, "seed": 0}
         g.comments["split"] = f"one corpus: 10% dev, 10% test, grouped by {roles.key}"
-    g.comments["fields"] = "role = file suffix (PREFIX.SUFFIX, line i of each is one example)"
+    g.comments["fields"] = "role = file suffix (PREFIX.SUFFIX, or PREFIX.SUFFIX.gz; line i of each is one example)"
     return g
 
 
 def _columns(path: Path, fmt: str) -> list[str]:
     """The header's columns (csv/tsv) or the first JSON object's keys (jsonl); [] when unreadable."""
     try:
-        with open(path, encoding="utf-8-sig", errors="replace") as f:
-            head = f.read(1 << 16)
-    except OSError:
+        with open(path, "rb") as f:
+            packed = f.read(2) == GZIP_MAGIC
+        with (gzip.open if packed else open)(path, "rb") as f:
+            head = f.read(1 << 16).decode("utf-8-sig", errors="replace")
+    except (OSError, EOFError):
         return []
     if fmt == "jsonl":
         for line in head.splitlines():
@@ -195,7 +441,8 @@ def _map_fields(g: Guess, roles, columns: list[str], sample: Path) -> None:
 
 def _toml(value) -> str:
     if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
+        plain = json.dumps(value, ensure_ascii=False)
+        return plain if plain.isprintable() else json.dumps(value)  # a lone surrogate: escaped, then refused
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, dict):
@@ -215,12 +462,19 @@ _TASK_LINES = {
 }
 
 
-def render(task: str, data_dir: Path, guesses: list[Guess]) -> str:
+def _comment(text: str) -> str:
+    """`text` as one TOML comment's text: a file name may hold a line break or a control character."""
+    return "".join(c if c.isprintable() or c == "\t" else "?" for c in text)
+
+
+def render(task: str, data_dir: Path, guesses: list[Guess], unused: list[tuple[str, str]] = ()) -> str:
     when = datetime.date.today().isoformat()
-    out = [f"# Written by `fedsilo init {data_dir} --task {task}` on {when}: one silo per entry of {data_dir}.",
+    out = [_comment(f"# Written by `fedsilo init {data_dir} --task {task}` on {when}: one silo per entry of "
+                    f"{data_dir}."),
            "# Paths are relative to this file's folder. Lines marked DECIDE need your choice.",
            "# Next: `fedsilo data check THIS.toml` (every row checked), then `fedsilo run THIS.toml`.",
            "# docs/your-data.md explains every key.",
+           *[_comment(f"# not used: {name} ({why})") for name, why in unused],
            f"name = {_toml(data_dir.resolve().name or 'mine')}", "",
            "[task]", f"name = {_toml(task)}",
            f"silos = {_toml([g.name for g in guesses])}  # add benchmark silos by name to mix them in",
@@ -228,7 +482,8 @@ def render(task: str, data_dir: Path, guesses: list[Guess]) -> str:
     for g in guesses:
         out.append(f"[task.sources.{g.name}]")
         for d in g.decide:
-            out.append(f"# DECIDE: {d}")
+            out.append(_comment(f"# DECIDE: {d}"))
+        out += [_comment(f"# not used: {name} ({why})") for name, why in g.unused]
         for key, value in g.entry.items():
             comment = f"  # {g.comments[key]}" if key in g.comments else ""
             out.append(f"{key} = {_toml(value)}{comment}")

@@ -7,6 +7,7 @@ where the engine is a `CrossDomainEngine`.
 """
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from pathlib import Path
@@ -17,13 +18,13 @@ from fedsilo.core.tensors import is_finite
 from fedsilo.engines import CrossDomainEngine, Engine
 from fedsilo.engines.local import LocalEngine
 from fedsilo.errors import ConfigError, RunFailed
-from fedsilo.progress import Display, Progress
+from fedsilo.progress import Display, Heard, Progress
 from fedsilo.recipe import (LEDGER_FOLDER, TOKENIZER_DIR, build_model, build_recipe, build_server, build_task,
                             give_ledgers, store_root, task_tokenizer)
 from fedsilo.rundir.datacheck import check_at_start
-from fedsilo.rundir.layout import RunDir, RunDirError, config_hash
+from fedsilo.rundir.layout import RunDir, RunDirError, config_hash, tokenizer_identity
 from fedsilo.rundir.lock import RunLock
-from fedsilo.rundir.records import privacy_spent, spent_silos
+from fedsilo.rundir.records import item_records, privacy_spent, read_items, spent_silos, write_items
 from fedsilo.server import Server, sample_clients
 from fedsilo.tasks import TASKS
 from fedsilo.tasks.base import NONFINITE, MetricSpec, WithReferences, select_best
@@ -86,9 +87,11 @@ def _check_progress(cfg: RunConfig, logged: list[dict], rounds: int) -> None:
 
 
 def run_federation(cfg: RunConfig, run: RunDir, engine: Engine, server: Server, spec: MetricSpec, task_name: str,
-                   resume: bool = False, progress: Progress | None = None, display: dict | None = None) -> dict:
+                   resume: bool = False, progress: Progress | None = None, display: dict | None = None,
+                   tokenizer: str | None = None) -> dict:
     """Rounds on any engine, model selection on the merged dev set, test of the selected model. A run
-    that diverged (a lasting RunFailed) stays failed: the reason is recorded, and a resume repeats it."""
+    that diverged (a lasting RunFailed) stays failed: the reason is recorded, and a resume repeats it.
+    `tokenizer`: its identity (`tokenizer_identity`), recorded in every checkpoint for `model.init_from`."""
     run.prepare(cfg, resume)
     failed = run.failure()
     if failed is not None:
@@ -97,7 +100,8 @@ def run_federation(cfg: RunConfig, run: RunDir, engine: Engine, server: Server, 
                         f"change a setting (e.g. server.lr or client.lr) and start a new run with another --out "
                         f"(to try once more anyway, delete {run.failed} and resume)", lasting=True)
     try:
-        return _federate(cfg, run, engine, server, spec, task_name, progress or Progress(enabled=False), display)
+        return _federate(cfg, run, engine, server, spec, task_name, progress or Progress(enabled=False), display,
+                         tokenizer)
     except RunFailed as err:
         if err.lasting:
             run.record_failure(str(err))
@@ -105,13 +109,15 @@ def run_federation(cfg: RunConfig, run: RunDir, engine: Engine, server: Server, 
 
 
 def _federate(cfg: RunConfig, run: RunDir, engine, server: Server, spec: MetricSpec, task_name: str,
-              progress: Progress, display: dict | None) -> dict:
+              progress: Progress, display: dict | None, tokenizer: str | None) -> dict:
     server.register(engine.client_sizes)
     device = next(iter(server.params.values())).device  # checkpoints load where the server lives
     identity = {"run_id": run.run_id(), "config": config_hash(cfg)}
+    if tokenizer is not None:  # saved with each checkpoint, not checked on resume (the config hash covers it)
+        identity["tokenizer"] = tokenizer
     rounds = cfg.federation.rounds
     start, best = 1, None
-    state = run.load_checkpoint(run.checkpoint, identity, server.params, device)
+    state = run.load_checkpoint(run.checkpoint, identity, server.params, device, server.state_problem)
     if state is not None:
         if state["round"] > rounds:  # results, rounds.jsonl and config.toml would disagree
             raise RunDirError(f"{run.path} has already completed {state['round']} rounds: federation.rounds = "
@@ -190,14 +196,15 @@ def _federate(cfg: RunConfig, run: RunDir, engine, server: Server, spec: MetricS
     if best is None:
         raise RunFailed(f"every dev evaluation was invalid (NaN/Inf model scores or a NaN dev {spec.primary}; "
                         f"see rounds.jsonl): no round can be selected, so there is no model to test", lasting=True)
-    best_state = run.load_checkpoint(run.best, identity, server.params, device)
+    best_state = run.load_checkpoint(run.best, identity, server.params, device, server.state_problem)
     if best_state is None:
         raise RunDirError(f"{run.path}: no best.pt; the run has no evaluated round")
     t0 = time.perf_counter()
     server.load_state_dict(best_state["server"])
     engine.load_state_dict(best_state["clients"])
     engine.set_round(best_state["round"])
-    test = spec.summarize(engine.evaluate(server, "test", progress, final=True))
+    test_rows = engine.evaluate(server, "test", progress, final=True)  # with each test item's stats, where kept
+    test = spec.summarize(test_rows)
     matrix = engine.evaluate_matrix(server, "test", progress) if isinstance(engine, CrossDomainEngine) else {}
     logged = run.read_rounds()
     wall = sum(x.get("seconds", 0) + x.get("eval_seconds", 0) for x in logged) + time.perf_counter() - t0
@@ -214,12 +221,55 @@ def _federate(cfg: RunConfig, run: RunDir, engine, server: Server, spec: MetricS
         results["silo_privacy"] = silo_level[-1]
     if stopped:
         results["stopped"] = stopped
+    write_items(run.path, item_records(test_rows, "test"))  # before results.json: a reported test has its items
     run.write_results(results)
     # Leave the engine where the run ended, so a resume with more rounds continues from there.
-    state = run.load_checkpoint(run.checkpoint, identity, server.params, device)
+    state = run.load_checkpoint(run.checkpoint, identity, server.params, device, server.state_problem)
     server.load_state_dict(state["server"])
     engine.load_state_dict(state["clients"])
     return results
+
+
+def busy_machine(setting, threads: int, device: str) -> str | None:
+    """A warning when auto threads meet a machine whose cores are taken: torch's threads then wait
+    for each other (a busy 2-core machine ran about 10x slower per step than with one thread)."""
+    if setting != "auto" or device != "cpu" or threads < 2:
+        return None
+    others, cores = others_running(), usable_cores()
+    if others is None or others + threads <= cores:
+        return None
+    return (f"this machine is busy (other work takes cores of its {cores}) and engine.threads = auto takes "
+            f"{threads} threads: on a busy machine that can be many times slower per step than one thread; try "
+            "--set engine.threads=1 (docs/speed.md)")
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def others_running(samples: int = 10) -> float | None:
+    """How many tasks the machine runs besides this process now: the mean over a tenth of a second
+    of the runnable tasks in /proc/stat, less this one (a study's earlier runs, whose threads have
+    stopped, do not count, as they would in the load average); elsewhere the 1-minute load
+    average; None where neither is known."""
+    counts = []
+    for _ in range(samples):
+        try:
+            with open("/proc/stat", "rb") as f:
+                running = next(line for line in f if line.startswith(b"procs_running"))
+        except (OSError, StopIteration):
+            break
+        counts.append(int(running.split()[1]) - 1)
+        time.sleep(0.01)
+    if counts:
+        return max(0.0, sum(counts) / len(counts))
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
 
 
 def _surface(caught: list) -> list[str]:
@@ -251,9 +301,14 @@ def run_local(cfg: RunConfig, run: RunDir, resume: bool = False, progress: Progr
     give_ledgers(engine.clients, run.path / LEDGER_FOLDER, run.run_id)  # each DP silo's privacy ledger
     for message in _surface(caught):
         progress.warn(message)
+    progress.log(f"{len(engine.client_names)} silo(s) on {engine.device}: {engine.threads} CPU thread(s) "
+                 f"(engine.threads = {cfg.engine.threads}), {engine.workers} worker process(es)")
+    busy = busy_machine(cfg.engine.threads, engine.threads, engine.device.type)
+    if busy:
+        progress.warn(busy)
     try:
         results = run_federation(cfg, run, engine, build_server(cfg, model, recipe), task.spec, task.name, resume,
-                                 progress, display=task.display)
+                                 progress, display=task.display, tokenizer=tokenizer_identity(tokenizer))
     finally:
         engine.close()
     if isinstance(task, WithReferences) and task.reference_names and "reference" not in results:
@@ -269,11 +324,12 @@ def reference_rows(task, name: str, split: str) -> list[dict]:
 
 
 def run_experiment(cfg: RunConfig, out: str | Path, resume: bool = False, show_progress: Display = True,
-                   policies: dict[str, str] | None = None) -> dict:
-    """Any paradigm into run directory `out`; returns results.json's content."""
+                   policies: dict[str, str] | None = None, heard: Heard | None = None) -> dict:
+    """Any paradigm into run directory `out`; returns results.json's content. `heard`: the warnings
+    earlier runs of a study gave (each is shown once per study)."""
     out = Path(out)
     build_recipe(cfg)  # refused before the run directory is touched
-    with RunLock(out), Progress(enabled=show_progress) as progress:
+    with RunLock(out), Progress(enabled=show_progress, heard=heard) as progress:
         if cfg.participation.per_silo_runs:
             if policies:
                 raise ConfigError(f"--policy: paradigm {cfg.paradigm!r} trains each silo alone; nothing leaves a silo")
@@ -289,7 +345,7 @@ def _finetune(cfg: RunConfig, out: Path, resume: bool, progress: Progress) -> di
     for silo in cfg.task.client_names():
         sub = cfg.model_copy(update={
             "paradigm": "federated", "name": f"{cfg.name}/{silo}",
-            "task": cfg.task.model_copy(update={"silos": [silo]}),
+            "task": cfg.task.alone(silo),
             "clients": {k: v for k, v in cfg.clients.items() if k == silo},
             "client": cfg.client.model_copy(update={"persist_optimizer": cfg.persist_optimizer}),
             "federation": cfg.federation.model_copy(update={"weighting": "size", "sample_count": None,
@@ -317,5 +373,6 @@ def _finetune(cfg: RunConfig, out: Path, resume: bool, progress: Progress) -> di
         spec = TASKS.get(cfg.task.name).spec()
         results["reference"] = {name: spec.summarize(rows) for name, rows in references.items()}
     top.write_config(cfg)  # a resume's, once every silo's run has accepted it
+    write_items(out, [r for path in subruns.values() for r in read_items(out / path) or []])  # the rows' order
     top.write_results(results)
     return results

@@ -1,9 +1,13 @@
-"""Spread over seeds and the one rule for a claim, shared by studies and bench scripts.
+"""Spread over seeds, and the claim rule shared by studies and bench scripts.
 
-A cell reads `mean ± sd` with sd the sample standard deviation (n−1) over the n seeds. "a > b" holds
-when the gap of the means exceeds the sum of the two standard deviations (`beyond_spread`); `claim`
-gives the verdict, and `claim_lines` checks each variant against a baseline on study.json's
-`per_seed` numbers, so a bench script checks its own claims with the same rule as `fedsilo study`.
+A cell reads `mean ± sd` with sd the sample standard deviation (n−1) over the n seeds. Whether
+"a > b" is a finding is decided by significance.py (the field's tests: paired bootstrap or
+randomisation over test items where per-item records exist, else Welch's t-test over the seeds,
+and never below the metric's resolution); `claim` gives that verdict with its test and p, and
+`claim_lines` checks each variant against a baseline on study.json's `per_seed` numbers (and the
+runs' per-item records), so a bench script checks its own claims with the same rule as `fedsilo
+study`. `beyond_spread` (the gap of the means exceeds the sum of the two sds) is only a display: two
+seeds that agree have no spread, so any gap, even one at the metric's floor, would be "beyond" it.
 """
 from __future__ import annotations
 
@@ -12,12 +16,28 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from . import significance
+from .significance import ALPHA, ItemsError, Metric, Unit
 from .tables import format_value
 
-__all__ = ["SPREAD", "RULE", "mean_sd", "beyond_spread", "claim", "spread_cell", "overall_values", "claim_lines"]
+__all__ = ["SPREAD", "RULE", "mean_sd", "beyond_spread", "spread_phrase", "spread_verdict", "CHANGED", "rule", "claim", "claim_marked", "spread_cell", "overall_values",
+           "claim_lines"]
 
 SPREAD = "sd = sample standard deviation (n−1)"
-RULE = "holds = the means differ by more than the sum of the two standard deviations"
+_RULE = ("holds / reversed = significant at p < {alpha} in that direction (paired bootstrap, sacreBLEU's, for "
+        "BLEU/chrF and other corpus metrics, paired randomisation for item means, over the test items with every "
+        "seed, where the runs kept per-item records; else Welch's t-test over the seeds), never for a difference "
+        "not above the metric's resolution (the shown precision; one item's worth for an item mean): "
+        "`undecidable`; `needs 2 seeds` without per-item records and under two seeds a side; "
+        "beyond/within spread (gap vs the sum of the two sds) is shown, not judged by")
+
+
+def rule(alpha: float = ALPHA) -> str:
+    """RULE with the significance level filled in."""
+    return _RULE.format(alpha=format(alpha, "g"))
+
+
+RULE = rule()  # at the default level, 0.05
 
 
 def _numbers(values: Sequence[Any]) -> list[float]:
@@ -33,23 +53,48 @@ def mean_sd(values: Sequence[float | None]) -> tuple[float | None, float | None]
 
 
 def beyond_spread(a: Sequence[float], b: Sequence[float]) -> bool:
-    """Whether "a > b" holds: mean(a) − mean(b) exceeds sd(a) + sd(b) (sample sds, n−1).
+    """Whether mean(a) − mean(b) exceeds sd(a) + sd(b) (sample sds, n−1): a display beside the verdict.
 
-    The sum, not the larger sd: with 2–3 seeds an sd is itself uncertain by about half, and the sum
-    also bounds the spread of a difference of two single runs (√(sa² + sb²) ≤ sa + sb). A side with
-    fewer than two values has no spread to beat, so nothing holds on it. The one rule for every
-    claim a study or a bench script makes."""
+    Not the verdict: it ignores how many test items stand behind a number, and two seeds that agree
+    have no spread, so any gap is "beyond" it (0.03 ± 0.00 vs 0.02 ± 0.00 BLEU). A side with fewer
+    than two values has no spread to beat."""
     (ma, sa), (mb, sb) = mean_sd(a), mean_sd(b)
     if sa is None or sb is None:
         return False
     return ma - mb > sa + sb
 
 
-def claim(a: Sequence[float], b: Sequence[float]) -> str:
-    """The verdict on "a > b": `holds`, `reversed` (b > a holds), `within spread`, or `needs 2 seeds`."""
+def spread_phrase(a: Sequence[float], b: Sequence[float]) -> str:
+    """`beyond spread` / `within spread` (either direction), the old rule kept as a display."""
+    return "beyond spread" if beyond_spread(a, b) or beyond_spread(b, a) else "within spread"
+
+
+def claim(a: Sequence[float], b: Sequence[float], fmt: str = ".2f", alpha: float = ALPHA) -> str:
+    """The verdict on "a > b" from each seed's value (no per-item records): `holds (p = …, Welch's
+    t-test …)`, `reversed (…)`, `not significant (…)`, `undecidable: …` (not above the resolution of
+    `fmt`, the precision the number is shown at) or `needs 2 seeds` (significance.judge_seeds)."""
+    return str(significance.judge_seeds(a, b, fmt, alpha))
+
+
+def spread_verdict(a: Sequence[float], b: Sequence[float]) -> str:
+    """What the spread rule (before issue 41) said of "a > b": holds / reversed / within spread / needs 2 seeds."""
     if len(_numbers(a)) < 2 or len(_numbers(b)) < 2:
-        return "needs 2 seeds"
+        return significance.NEEDS_SEEDS
     return "holds" if beyond_spread(a, b) else "reversed" if beyond_spread(b, a) else "within spread"
+
+
+CHANGED = "the spread rule said"  # marks a verdict whose finding differs from the spread rule's
+
+
+def claim_marked(a: Sequence[float], b: Sequence[float], fmt: str = ".2f", alpha: float = ALPHA) -> str:
+    """`claim`, followed by `[the spread rule said: …]` where the spread rule found otherwise (one
+    of the two a finding, holds or reversed, and the other not that finding): how a study doc lists
+    which verdicts the significance rule changed."""
+    verdict = significance.judge_seeds(a, b, fmt, alpha)
+    old = spread_verdict(a, b)
+    same = old == verdict.outcome or (old in ("within spread", significance.NEEDS_SEEDS)
+                                      and verdict.outcome not in ("holds", "reversed"))
+    return str(verdict) if same else f"{verdict} [{CHANGED}: {old}]"
 
 
 def spread_cell(values: Sequence[float | None], fmt: str = ".2f") -> str:
@@ -66,11 +111,17 @@ def overall_values(per_seed: Mapping[str, Mapping[str, Any]], metric: str) -> li
 
 
 def claim_lines(per_seed: Mapping[str, Mapping[str, Any]], baseline: str, metric: str, label: str,
-                fmt: str = ".4f", over: Sequence[str] | None = None) -> list[str]:
-    """`variant > baseline` on the overall `metric`, checked with `claim`, one line per other variant.
+                fmt: str = ".4f", over: Sequence[str] | None = None, runs: Mapping[str, Mapping[str, Any]] | None = None,
+                units: Sequence[Unit] | None = None, score: Metric | None = None, alpha: float = ALPHA) -> list[str]:
+    """`variant > baseline` on the overall `metric`, one line per other variant, each with the spread
+    (display) and the verdict with its test and p.
 
     `over` names the silos the Overall is taken over where it leaves some out (each line then says
-    so); [] where no silo is common to every line: nothing is then judged, and each line says why."""
+    so); [] where no silo is common to every line: nothing is then judged, and each line says why.
+    With `runs` (study.json's variant → seed → run directory), `units` (the (client, task) rows the
+    Overall is over) and `score` (pooled stats → the metric, the task's own function), a pair whose
+    runs all kept per-item records is judged over the test items (significance.judge_items); any
+    other pair, or records that cannot be paired (the line says why), by the seeds' values."""
     base = overall_values(per_seed[baseline], metric)
     scope = f" over {', '.join(over)}" if over else ""
     lines = []
@@ -85,8 +136,21 @@ def claim_lines(per_seed: Mapping[str, Mapping[str, Any]], baseline: str, metric
         values = overall_values(seeds, metric)
         (ma, _), (mb, _) = mean_sd(values), mean_sd(base)
         gap = f"{ma - mb:+{fmt.lstrip('+')}}" if ma is not None and mb is not None else "-"
-        verdict = claim(values, base)
-        if verdict == "reversed":
-            verdict = f"reversed ({baseline} > {name} holds)"
-        lines.append(f"{head}: {spread_cell(values, fmt)} vs {spread_cell(base, fmt)}, gap {gap}: {verdict}")
+        verdict = _verdict(name, baseline, values, base, fmt, alpha, runs, units, score)
+        lines.append(f"{head}: {spread_cell(values, fmt)} vs {spread_cell(base, fmt)}, gap {gap}, "
+                     f"{spread_phrase(values, base)}: {verdict}")
     return lines
+
+
+def _verdict(name: str, baseline: str, values: Sequence[float], base: Sequence[float], fmt: str, alpha: float,
+             runs: Mapping[str, Mapping[str, Any]] | None, units: Sequence[Unit] | None, score: Metric | None) -> str:
+    """Over the test items where every run of both sides kept them, else over the seeds (saying why)."""
+    why = "no per-item records"
+    if runs is not None and units and score is not None and name in runs and baseline in runs:
+        try:
+            found = [[significance.read_items(path) for path in runs[side].values()] for side in (name, baseline)]
+            if all(r is not None for side in found for r in side):
+                return str(significance.judge_items(found[0], found[1], units, score, fmt, alpha))
+        except ItemsError as err:
+            why = f"per-item records not used: {err}"
+    return str(significance.judge_seeds(values, base, fmt, alpha, why))

@@ -13,8 +13,10 @@ already holds a whole comparison). One seed keeps today's layout, OUT/NAME.
 
 A cell then reads `mean ± sd` over the seeds (spread.py); reference rows (untrained rankers) do not
 depend on the seed and show one value. Under the table, each variant is checked against the baseline
-on the first metric overall with `claim`. study.json keeps every seed's numbers in `per_seed` so
-bench scripts can check their own claims with the same rule.
+on the first metric overall (spread.claim_lines): by the field's significance test over the test
+items where every run kept per-item records, else over the seeds, at `[study] alpha` (0.05), never
+below the metric's resolution (significance.py); each line names its test and p. study.json keeps
+every seed's numbers in `per_seed` so bench scripts can check their own claims with the same rule.
 """
 from __future__ import annotations
 
@@ -29,15 +31,16 @@ from rich.console import Console
 from fedsilo.errors import RunFailed, StudyFailed
 from fedsilo.fileio import atomic_write_bytes
 from fedsilo.paradigms import PARADIGMS
-from fedsilo.progress import Display
+from fedsilo.progress import Display, Heard
 from fedsilo.rundir.records import column, exchange_totals, read_rounds
 
 from . import runner
-from .overall import comparison
+from .overall import common_units, comparison
 from .report import write_report
-from .spread import RULE, SPREAD, claim_lines
+from .significance import Metric
+from .spread import SPREAD, claim_lines, rule
 from .studyfile import StudySettings, check_seeds, load_study
-from .tables import format_value, markdown_table, print_grid
+from .tables import MODEL_NOTE, format_value, markdown_table, print_grid
 
 __all__ = ["run_study", "run_dir"]
 
@@ -82,12 +85,13 @@ def run_study(path: str | Path, out: str | Path, assignments: Sequence[str] = ()
     results: dict[str, dict[int, dict]] = {name: {} for name in names}
     costs: dict[str, list[dict]] = {name: [] for name in names}
     failed: dict[str, dict[str, str]] = {}  # variant → seed → why its run failed
+    heard = Heard()  # a warning every run gives (a silo's duplicates) is shown once
     for seed, configs in plan.items():
         for name, cfg in configs.items():
             target = run_dir(out, name, seed, multi)
             console.print(f"[bold]{settings.name}: {name}{f' seed {seed}' if multi else ''}[/bold] → {target}")
             try:
-                done = runner.run_experiment(cfg, target, resume=True, show_progress=show_progress)
+                done = runner.run_experiment(cfg, target, resume=True, show_progress=show_progress, heard=heard)
             except RunFailed as err:  # the other runs go on; this variant is shown as failed
                 failed.setdefault(name, {})[str(cfg.seed)] = str(err)
                 console.print(f"{settings.name}: {name}{f' seed {seed}' if multi else ''} failed: {err}",
@@ -97,6 +101,8 @@ def run_study(path: str | Path, out: str | Path, assignments: Sequence[str] = ()
             console.print(_finished_line(settings.name, name, done, seed if multi else None), highlight=False)
             results[name][cfg.seed] = done
             costs[name].append(_cost(target, done))
+    for line in repeated_warnings(heard):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
     for name in failed:  # a variant with a failed seed has no spread to compare: not trained
         del results[name], costs[name]
     if not results:
@@ -120,19 +126,22 @@ def run_study(path: str | Path, out: str | Path, assignments: Sequence[str] = ()
     baseline = settings.baseline or names[0]
     col = column(spec, metrics[0]) or {}
     first_over = compared["shown_over"][metrics[0]]
+    run_dirs = {name: {str(seed): str(run_dir(out, name, seed, multi)) for seed in by_seed}
+                for name, by_seed in results.items()}
+    units = common_units({name: [r] if isinstance(r, Mapping) else r for name, r in rows.items()}, metrics[0])
     checks = claim_lines(per_seed, baseline, metrics[0], col.get("label", metrics[0]), col.get("fmt", ".4f"),
-                         first_over if compared["left_out"][metrics[0]] or first_over == [] else None
+                         first_over if compared["left_out"][metrics[0]] or first_over == [] else None,
+                         run_dirs, units, _score(next(iter(plan.values()))[names[0]], metrics[0]), settings.alpha
                          ) if multi and baseline in results else []
     used = seeds or sorted({s for by_seed in results.values() for s in by_seed})
     study = {"name": settings.name, "title": settings.title, "metrics": metrics, "seeds": used,
              "table": table, "overall_clients": compared["over"], "notes": compared["notes"],
              "costs": {name: _mean_cost(c) for name, c in costs.items()},
              "variants": {name: str(out / name) for name in results},
-             "runs": {name: {str(seed): str(run_dir(out, name, seed, multi)) for seed in by_seed}
-                      for name, by_seed in results.items()},
-             "per_seed": per_seed}
+             "runs": run_dirs, "per_seed": per_seed}
     if multi:
-        study.update({"spread": SPREAD, "rule": RULE, "baseline": baseline, "checks": checks})
+        study.update({"spread": SPREAD, "rule": rule(settings.alpha), "alpha": settings.alpha, "baseline": baseline,
+                      "checks": checks})
     if failed:
         study["failed"] = failed
     _write(out, settings, study)
@@ -140,6 +149,28 @@ def run_study(path: str | Path, out: str | Path, assignments: Sequence[str] = ()
     if failed:
         raise StudyFailed(_failed_line(settings.name, failed, len(plan) * len(names), multi, path, out / "report.md"))
     return study
+
+
+def repeated_warnings(heard: Heard) -> list[str]:
+    """One line per warning that several of the study's runs gave, each shown once above."""
+    return [f"fedsilo: the warning {_start(message)!r} above concerned {n} of the study's {heard.runs} runs "
+            "(shown once)" for message, n in heard.repeated().items()]
+
+
+def _start(text: str, n: int = 70) -> str:
+    return text if len(text) <= n else text[:n - 1] + "…"
+
+
+def _score(cfg, metric: str) -> Metric | None:
+    """Pooled item statistics → `metric`, by the task's own metric function (the one results.json's
+    numbers come from); None when the task's spec cannot be had (then claims use the seeds' values)."""
+    from fedsilo.tasks import TASKS
+
+    try:
+        compute = TASKS.get(cfg.task.name).spec().compute
+    except Exception:  # noqa: BLE001 - a plugin task without a spec: judged over the seeds instead
+        return None
+    return lambda stats: compute(stats).get(metric)
 
 
 def _failed_line(study: str, failed: Mapping[str, Mapping[str, str]], runs: int, multi: bool, path: str | Path,
@@ -179,8 +210,8 @@ OVERALL = "Overall = the mean over the silos every line has a value for, the sam
 def _caption(study: Mapping[str, Any]) -> str:
     seeds = study["seeds"]
     if "spread" not in study:
-        return f"Test set; {OVERALL}"
-    return (f"Test set; {OVERALL} Each cell: mean ± sd over n = {len(seeds)} seeds "
+        return f"Test set; {MODEL_NOTE} {OVERALL}"
+    return (f"Test set; {MODEL_NOTE} {OVERALL} Each cell: mean ± sd over n = {len(seeds)} seeds "
             f"({', '.join(map(str, seeds))}), {SPREAD}; the no-training reference rows do not depend on "
             "the seed and show one value.")
 
@@ -192,7 +223,7 @@ def _notes(study: Mapping[str, Any]) -> list[str]:
 
 def _write(out: Path, settings: StudySettings, study: dict) -> None:
     n = len(study["seeds"]) if "spread" in study else 1
-    checks = ([f"## Against {study['baseline']}\n", f"{RULE}.", "", *(f"- {line}" for line in study["checks"]), ""]
+    checks = ([f"## Against {study['baseline']}\n", f"{study['rule']}.", "", *(f"- {line}" for line in study["checks"]), ""]
               if study.get("checks") else [])
     runs = [f"- [{name}]({name}/report.md)" if n == 1 else
             f"- {name}: " + ", ".join(f"[seed {s}]({name}/seed-{s}/report.md)" for s in by_seed)
@@ -212,10 +243,11 @@ def _print(console, settings: StudySettings, study: dict) -> None:
     n = len(study["seeds"]) if "spread" in study else 1
     title = settings.title or settings.name
     print_grid(console, title if n == 1 else f"{title} — mean ± sd over {n} seeds, {SPREAD}", study["table"])
+    console.print(MODEL_NOTE, style="dim", highlight=False)
     for note in study.get("notes") or []:
         console.print(note, highlight=False)
     if study.get("checks"):
-        console.print(f"Against {study['baseline']} ({RULE}):", highlight=False)
-        for line in study["checks"]:
-            console.print(f"  {line}", highlight=False)
+        console.print(f"Against {study['baseline']} ({study['rule']}):", highlight=False, soft_wrap=True)
+        for line in study["checks"]:  # one line each, not cut at the console's width: a verdict is searched for
+            console.print(f"  {line}", highlight=False, soft_wrap=True)
     print_grid(console, "cost", _cost_table(study["costs"], n))

@@ -4,7 +4,8 @@ A study file is TOML with three parts:
 
     [study]                  name, title, metrics (the columns per client; default: the task's primary),
                              seeds (e.g. [0, 1, 2]; default: the config's own seed, run once),
-                             baseline (the variant the others are checked against; default: the first)
+                             baseline (the variant the others are checked against; default: the first),
+                             alpha (the significance level of those checks; default 0.05)
     [base]                   a whole run config (or what changes `[study] config`, a run config file)
     [variants.NAME]          what each variant changes in the base (deep-merged), e.g. paradigm = "finetune"
 
@@ -25,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from fedsilo.config import ConfigError, RunConfig, Strict, apply_overrides, locate_files, validate
 from fedsilo.recipe import build_recipe
@@ -43,6 +44,8 @@ class StudySettings(Strict):
     metrics: list[str] | None = Field(None, description="metric keys shown per client; None: the task's primary")
     seeds: list[int] | None = Field(None, description="run each variant once per seed; None: the config's seed")
     baseline: str | None = Field(None, description="the variant the others are checked against; None: the first")
+    alpha: float = Field(0.05, gt=0, lt=1, strict=True, description="significance level of the claims against the baseline "
+                                                      "(runs/significance.py): p below it holds or is reversed")
     vary_sample: bool = Field(True, description="a seed also shifts the task's few-shot sample seeds")
     config: str | None = Field(None, description="a run config file (relative to the study file) that is the base, "
                                                  "[base] then changing it: e.g. the one `fedsilo init` wrote")
@@ -119,6 +122,10 @@ def load_study(path: str | Path, assignments: Sequence[str] = (), only: Sequence
         raise ConfigError(f"{path}: {unknown[0]}: unknown section (a study has [study], [base], [variants.NAME])")
     try:
         settings = StudySettings.model_validate(raw.get("study", {}))
+    except ValidationError as err:  # one line naming the key and the value, not pydantic's block
+        first = err.errors()[0]
+        key = ".".join(map(str, first["loc"])) or "study"
+        raise ConfigError(f"{path}: [study]: {key}: {first['msg']} (got {first.get('input')!r})") from None
     except ValueError as err:
         raise ConfigError(f"{path}: [study]: {err}") from None
     if settings.seeds is not None:

@@ -13,6 +13,10 @@ from fedsilo.rundir.records import (MB, column, dev_metric, display_name, invali
 
 
 AVERAGES_NOTE = "Macro = mean over rows; Pooled = computed from all rows' statistics together."
+MODEL_NOTE = ("A silo's cell: the model that silo ends with, on its own test set: the global model under "
+              "federated training (with the silo's own tensors where the recipe keeps some per silo), the silo's "
+              "model trained alone under finetune, the one pooled model under centralized; the cross-domain "
+              "matrix has every model on every domain.")
 
 
 def format_value(value: Any, fmt: str = ".2f") -> str:
@@ -74,6 +78,7 @@ def table_caption(results: Mapping[str, Any]) -> str:
     the metrics with no macro average."""
     spec = results.get("metric_spec") or {}
     parts = [spec.get("description") or "One column per evaluated (client, task) row."]
+    parts.append(MODEL_NOTE)
     parts.append(AVERAGES_NOTE)
     no_macro = [c["label"] for c in metric_columns(spec) if not c.get("in_macro", True)]
     if no_macro:

@@ -1,7 +1,12 @@
 """What `fedsilo data check` says about one silo: malformed rows by file:line, examples per split,
-exact duplicates within a split, keys (sources, questions) shared between splits, how many texts fit
-the model's length limits, and each file's fingerprint. Blocking: a malformed row the source does
-not skip, or an empty split; the rest are warnings a user should read before training.
+exact duplicates within a split (of rows as read, where a task gathers rows into one example),
+keys (sources, questions) shared between splits, how many texts fit the model's length limits, and
+each file's fingerprint. Blocking: a malformed row the source does not skip, or an empty split; the
+rest are warnings a user should read before training.
+
+A key is shared only when it is the same text: keys equal once case and spacing are folded are
+listed apart, since case can carry meaning (German "Sie", formal you, against "sie", her/them).
+Every key is shown as written, with its file:line, so it can be searched for in the file.
 """
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from pathlib import Path
 
 from .fingerprint import fingerprints
 from .load import group_key
-from .read import Problem
+from .read import Problem, Row
 from .settings import SPLITS
 
 SHOWN = 20  # problems, duplicates, overlaps listed per silo
@@ -25,6 +30,18 @@ class Item:
     where: str
     key: str
     content: tuple
+
+
+@dataclass(frozen=True)
+class Shared:
+    """A key of a later split also in an earlier one: as written in the later split, where each is."""
+    text: str
+    where: str   # file:line in the later split ("" for a benchmark's prepared example)
+    first: str   # file:line in the earlier split
+
+    def shown(self) -> str:
+        places = " and ".join(p for p in (self.where, self.first) if p)
+        return f"{self.text[:60]!r}" + (f" ({places})" if places else "")
 
 
 @dataclass(frozen=True)
@@ -57,7 +74,8 @@ class SiloCheck:
     problems: list[Problem] = field(default_factory=list)
     skip_bad: bool = False                      # bad_rows = "skip": problems leave rows out, not the run
     duplicates: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # split → (where, first seen)
-    overlap: dict[str, list[str]] = field(default_factory=dict)                  # "train/test" → shared keys
+    overlap: dict[str, list[Shared]] = field(default_factory=dict)               # "train/test" → shared keys
+    folded: dict[str, list[Shared]] = field(default_factory=dict)                # equal up to case/spacing only
     key_name: str = "key"
     files: dict[str, dict] = field(default_factory=dict)
     lengths: list[Lengths] = field(default_factory=list)
@@ -88,7 +106,11 @@ class SiloCheck:
                     for where, first in dups[:SHOWN // 4]]
         for pair, keys in self.overlap.items():
             out.append(f"  {len(keys)} {self.key_name}(s) in both {pair} (evaluation sees them in training): "
-                       + "; ".join(repr(k[:60]) for k in keys[:3]))
+                       + "; ".join(k.shown() for k in keys[:3]))
+        for pair, keys in self.folded.items():
+            out.append(f"  {len(keys)} {self.key_name}(s) of {pair.split('/')[1]} equal to a {pair.split('/')[0]} "
+                       "one only up to case or spacing (not counted as seen: case can change the meaning): "
+                       + "; ".join(k.shown() for k in keys[:3]))
         out += [f"  {length.line()}" for length in self.lengths]
         out += [f"  {note}" for note in self.notes]
         for path, fp in self.files.items():
@@ -99,7 +121,8 @@ class SiloCheck:
         return {"name": self.name, "kind": self.kind, "unit": self.unit, "counts": self.counts,
                 "problems": [str(p) for p in self.problems], "skip_bad": self.skip_bad,
                 "duplicates": {s: len(d) for s, d in self.duplicates.items()},
-                "overlap": {p: len(k) for p, k in self.overlap.items()}, "blocking": self.blocking,
+                "overlap": {p: len(k) for p, k in self.overlap.items()},
+                "overlap_up_to_case": {p: len(k) for p, k in self.folded.items()}, "blocking": self.blocking,
                 "lengths": [{"what": x.what, "setting": x.setting, "limit": x.limit, "n": len(x.values),
                              "fit": x.fit, "max": max(x.values, default=0)} for x in self.lengths],
                 "files": self.files}
@@ -107,25 +130,50 @@ class SiloCheck:
 
 def inspect_items(name: str, kind: str, unit: str, splits: Mapping[str, Sequence[Item]], key_name: str,
                   problems: Sequence[Problem] = (), skip_bad: bool = False,
-                  files: Sequence[Path] = ()) -> SiloCheck:
-    """Counts, duplicates and overlap of one silo's items per split, with its files' fingerprints."""
+                  files: Sequence[Path] = (), rows: Mapping[str, Sequence[Row]] | None = None) -> SiloCheck:
+    """Counts, duplicates and overlap of one silo's items per split, with its files' fingerprints.
+    With `rows` (an own source's rows as read), duplicates are repeated rows: a task that gathers
+    rows into one example (a question's judged answers) would otherwise hide a repeated one."""
     out = SiloCheck(name, kind, unit, {s: len(splits.get(s, ())) for s in SPLITS}, list(problems), skip_bad,
                     key_name=key_name, files=fingerprints(files))
-    keys: dict[str, set[str]] = {}
     for split in SPLITS:
-        seen: dict[tuple, str] = {}
-        dups = []
-        for item in splits.get(split, ()):
-            where = item.where or repr(item.key[:60])  # a benchmark's prepared example has no file:line
-            if item.content in seen:
-                dups.append((where, seen[item.content]))
-            else:
-                seen[item.content] = where
+        entries = ([(r.where, _row_content(r)) for r in rows.get(split, ())] if rows is not None else
+                   [(item.where or repr(item.key[:60]), item.content) for item in splits.get(split, ())])
+        dups = _repeats(entries)  # a benchmark's prepared example has no file:line: its text says where
         if dups:
             out.duplicates[split] = dups
-        keys[split] = {group_key(item.key) for item in splits.get(split, ())}
     for a, b in (("train", "dev"), ("train", "test"), ("dev", "test")):
-        shared = sorted(keys[a] & keys[b])
-        if shared:
-            out.overlap[f"{a}/{b}"] = shared
+        exact, folded = {}, {}  # key → where first seen in split a
+        for item in splits.get(a, ()):
+            exact.setdefault(item.key, item.where)
+            folded.setdefault(group_key(item.key), item.where)
+        same, near, done = [], [], set()
+        for item in splits.get(b, ()):
+            if item.key in done:
+                continue
+            done.add(item.key)
+            if item.key in exact:
+                same.append(Shared(item.key, item.where, exact[item.key]))
+            elif group_key(item.key) in folded:
+                near.append(Shared(item.key, item.where, folded[group_key(item.key)]))
+        if same:
+            out.overlap[f"{a}/{b}"] = same
+        if near:
+            out.folded[f"{a}/{b}"] = near
     return out
+
+
+def _repeats(entries: Sequence[tuple[str, tuple]]) -> list[tuple[str, str]]:
+    """(where, where first seen) of every entry whose content came before."""
+    seen: dict[tuple, str] = {}
+    out = []
+    for where, content in entries:
+        if content in seen:
+            out.append((where, seen[content]))
+        else:
+            seen[content] = where
+    return out
+
+
+def _row_content(row: Row) -> tuple:
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in row.values.items()))

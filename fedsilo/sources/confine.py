@@ -9,13 +9,13 @@ from pathlib import Path
 
 from fedsilo.errors import ConfigError
 
-from .settings import PATH_KEYS, SPLITS, SourceSettings
+from .settings import PATH_KEYS, SPLITS, SourceSettings, real_path
 
 
 def silo_folder(path: str | Path) -> Path:
     """The folder a silo's path stands for: the path itself when it is a folder, else the folder
     holding it (a one-file source, or the common prefix of `lines` files)."""
-    path = Path(path).expanduser().resolve()
+    path = real_path(Path(path), "the silo's path")
     return path if path.is_dir() else path.parent
 
 
@@ -29,8 +29,9 @@ def named_files(source: SourceSettings) -> list[tuple[str, str, Path]]:
     out += stems
     if source.format_name == "lines":
         roles = [r for r in source.ROLES.all if r in source.ROLES.required or r in source.fields]
-        for _, _, stem in stems or [("path", source.path, base)]:
-            out += [(f"fields.{r}", str(source.column(r)), Path(f"{stem}.{source.column(r)}")) for r in roles]
+        for _, _, stem in stems or [("path", source.path, base)]:  # a role's file, or its gzip-compressed one
+            out += [(f"fields.{r}", str(source.column(r)), Path(f"{stem}.{source.column(r)}{gz}")) for r in roles
+                    for gz in ("", ".gz")]
     return out
 
 
@@ -38,6 +39,6 @@ def confine(name: str, source: SourceSettings, folder: Path, folder_is: str) -> 
     """A ConfigError naming the first of the source's entries whose file lies outside `folder`
     (`folder_is` says which folder that is, e.g. "its silo-path")."""
     for key, value, path in named_files(source):
-        if not path.expanduser().resolve().is_relative_to(folder):
+        if not real_path(path, f"silo {name}: task.sources.{name}.{key} = {value!r}").is_relative_to(folder):
             raise ConfigError(f"silo {name}: task.sources.{name}.{key} = {value!r} names a file outside the silo's "
                               f"folder ({folder_is}); a silo reads only its own files: refused before opening any")

@@ -3,6 +3,7 @@ train by a seeded draw of whole groups (rows sharing the `split.by` text), so no
 """
 from __future__ import annotations
 
+import os
 import random
 import warnings
 from dataclasses import dataclass, field
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from fedsilo.errors import DataError
 
-from .read import Problem, QuotingDataError, Row, places, read_rows
+from .read import Problem, QuotingDataError, Row, lines_file, places, read_rows
 from .settings import SPLITS, SourceSettings
 
 SHOWN_PROBLEMS = 5  # in a run's error; `fedsilo data check` lists them all
@@ -22,6 +23,16 @@ class Loaded:
     splits: dict[str, list[Row]]
     problems: list[Problem] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
+    folder: Path | None = None  # the silo's folder, which `place` tells a row's file relative to
+
+    def place(self, where: str) -> str:
+        """`where` (file:line) with the file relative to the silo's folder: the same wherever the
+        folder lives, so an id made of it (a question's, which seeds its pair draw) does not change
+        the results when the folder is copied or mounted elsewhere."""
+        if self.folder is None:
+            return where
+        path, _, line = where.rpartition(":")
+        return f"{Path(os.path.relpath(path, self.folder)).as_posix()}:{line}"
 
 
 def group_key(text: str) -> str:
@@ -36,8 +47,8 @@ def source_files(source: SourceSettings) -> list[Path]:
     if source.format_name != "lines":
         return stems
     roles = [r for r in source.ROLES.all if r in source.ROLES.required or r in source.fields]
-    return [Path(f"{stem}.{source.column(r)}") for stem in stems for r in roles
-            if r in source.ROLES.required or Path(f"{stem}.{source.column(r)}").exists()]
+    return [lines_file(stem, source.column(r)) for stem in stems for r in roles
+            if r in source.ROLES.required or os.path.lexists(lines_file(stem, source.column(r)))]
 
 
 def load_rows(name: str, source: SourceSettings) -> Loaded:
@@ -46,10 +57,10 @@ def load_rows(name: str, source: SourceSettings) -> Loaded:
     if source.files and not base.is_dir():
         raise DataError(f"silo {name}: path {base} is not a folder (its files {', '.join(source.files.values())} "
                         "are read from it)")
-    out = Loaded(name, {}, files=source_files(source))
+    out = Loaded(name, {}, files=source_files(source), folder=base if source.files else base.parent)
     wanted = {s: base / source.files[s] for s in SPLITS if s in source.files} if source.files else {"train": base}
     for split, path in wanted.items():
-        rows, problems = read_rows(source, path)
+        rows, problems = _read(name, source, path)
         out.splits[split] = rows
         out.problems += problems
     cut = [s for s in ("dev", "test") if s not in out.splits]
@@ -57,6 +68,16 @@ def load_rows(name: str, source: SourceSettings) -> Loaded:
         out.splits.update(split_by_fraction(name, out.splits.pop("train"), source, cut))
     out.splits = {s: out.splits[s] for s in SPLITS}
     return out
+
+
+def _read(name: str, source: SourceSettings, path: Path) -> tuple[list[Row], list[Problem]]:
+    """`read_rows`, a file's error naming the silo too: a run reads several silos' files."""
+    try:
+        return read_rows(source, path)
+    except QuotingDataError as err:
+        raise QuotingDataError(f"silo {name}: {err}", f"silo {name}: {err.public}") from None
+    except DataError as err:
+        raise DataError(f"silo {name}: {err}") from None
 
 
 def split_by_fraction(name: str, rows: list[Row], source: SourceSettings, cut: list[str]) -> dict[str, list[Row]]:

@@ -1,14 +1,20 @@
 """Files → rows: each row's role values with the file:line it starts at. A malformed row (bad
 encoding, a missing or empty field, a cell too many) becomes a `Problem` naming its file:line and
-why, never a row with a gap filled in; a file that cannot be read at all (missing, no such column in
-its header, aligned files of different lengths) is a `DataError`.
+why, never a row with a gap filled in; a file that cannot be read at all (missing, not a regular
+file, a symlink loop, no such column in its header, aligned files of different lengths) is a
+`DataError`. A gzip-compressed file (by its magic bytes) is read as its text.
 """
 from __future__ import annotations
 
 import codecs
 import csv
+import errno
+import gzip
 import io
 import json
+import os
+import stat
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,15 +77,55 @@ def _line_of(problem: Problem) -> int:
 
 # ---- text -------------------------------------------------------------------------------
 
-def read_bytes(path: Path) -> bytes:
+GZIP_MAGIC = b"\x1f\x8b"  # no text file starts with these bytes (0x8b is no first byte in UTF-8 either)
+_NOT_REGULAR = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+                (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def not_readable(path: Path) -> str | None:
+    """What `path` is when it cannot be read as a data file ("a symlink loop ..."), asking only its
+    metadata; None for a regular file. Nothing else is opened: a reader of a FIFO waits forever for
+    a writer, and a device never ends."""
     try:
-        return path.read_bytes()
+        mode = os.stat(path).st_mode
     except FileNotFoundError:
-        raise DataError(f"file not found: {path}") from None
-    except IsADirectoryError:
-        raise DataError(f"{path} is a folder, not a file") from None
+        return "a symlink to nothing (its target is missing)" if os.path.islink(path) else "not found"
+    except OSError as e:
+        return ("a symlink loop (a link that leads back to itself)" if e.errno == errno.ELOOP
+                else f"unreadable ({e.strerror or e})")
+    if stat.S_ISDIR(mode):
+        return "a folder, not a file"
+    kind = next((what for test, what in _NOT_REGULAR if test(mode)), None)
+    return f"{kind}, not a regular file: refused before opening it" if kind else None
+
+
+def read_bytes(path: Path) -> bytes:
+    """The file's bytes, a gzip-compressed one's decompressed; refused by name, before it is opened,
+    when it is not a regular file."""
+    why = not_readable(path)
+    if why == "not found":
+        raise DataError(f"file not found: {path}")
+    if why:
+        raise DataError(f"{path} is {why}")
+    try:
+        raw = path.read_bytes()
     except OSError as e:
         raise DataError(f"cannot read {path}: {e.strerror or e}") from None
+    if raw.startswith(GZIP_MAGIC):
+        try:
+            return gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as e:
+            raise DataError(f"{path}: damaged gzip data ({e})") from None
+    if path.suffix.lower() == ".gz":
+        raise DataError(f"{path}: named .gz but not gzip-compressed (rename it, or compress it with gzip)")
+    return raw
+
+
+def lines_file(stem: str | Path, suffix: str) -> Path:
+    """A `lines` role's file, `STEM.SUFFIX`, or `STEM.SUFFIX.gz` where only that one exists."""
+    plain = Path(f"{stem}.{suffix}")
+    packed = Path(f"{plain}.gz")
+    return packed if not os.path.lexists(plain) and os.path.lexists(packed) else plain
 
 
 def decode(path: Path, encoding: str) -> tuple[str, set[int], list[Problem]]:
@@ -202,7 +248,7 @@ def _read_table(source: SourceSettings, path: Path, text: str, bad: set[int]) ->
     rows, problems = [], []
     kind = "tab" if tsv else "comma"
     header: list[str] | None = None
-    start = 1
+    start, widest = 1, 0
     while True:
         try:
             cells = next(reader)
@@ -230,6 +276,7 @@ def _read_table(source: SourceSettings, path: Path, text: str, bad: set[int]) ->
             continue
         if not any(c.strip() for c in cells):
             continue  # a blank line
+        widest = max(widest, len(cells))
         where = f"{path}:{first}"
         if header is not None:
             if len(cells) != len(header):
@@ -249,7 +296,18 @@ def _read_table(source: SourceSettings, path: Path, text: str, bad: set[int]) ->
         rows.append(row) if row else problems.append(problem)
     if source.header and header is None:
         raise DataError(f"{path}: empty file (expected a header line naming the columns)")
+    if not source.header and widest:
+        _indices_in_range(source, path, widest, kind)
     return rows, problems
+
+
+def _indices_in_range(source: SourceSettings, path: Path, widest: int, kind: str) -> None:
+    """A mapped column index that no row of the file reaches is the mapping's error, named once,
+    not a problem on every row."""
+    for role, column in source.fields.items():
+        if isinstance(column, int) and column >= widest:
+            raise DataError(f"{path}: fields.{role} = {column} is out of range: the file has {widest} "
+                            f"{kind}-separated column(s) (indices 0 to {widest - 1})")
 
 
 def _columns(source: SourceSettings, path: Path, header: list[str]) -> dict[str, int]:
@@ -273,11 +331,11 @@ def _columns(source: SourceSettings, path: Path, header: list[str]) -> dict[str,
 
 def _read_lines_format(source: SourceSettings, prefix: Path) -> tuple[list[Row], list[Problem]]:
     """One file per role, `PREFIX.SUFFIX`, line i of each being one row."""
-    files = {r: Path(f"{prefix}.{source.column(r)}") for r in source.ROLES.all
+    files = {r: lines_file(prefix, source.column(r)) for r in source.ROLES.all
              if r in source.ROLES.required or r in source.fields}
     columns, problems, bad = {}, [], set()
     for role, path in files.items():
-        if role not in source.ROLES.required and not path.exists():
+        if role not in source.ROLES.required and not os.path.lexists(path):
             continue
         text, bad_here, more = decode(path, source.encoding)
         columns[role] = [line for _, line in _text_lines(text)]

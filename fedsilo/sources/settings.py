@@ -15,12 +15,14 @@ absolute when the config is loaded, see `resolve_paths`).
 from __future__ import annotations
 
 import codecs
+import errno
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from fedsilo.errors import ConfigError
 from fedsilo.settings import Strict
 
 SPLITS = ("train", "dev", "test")
@@ -72,7 +74,7 @@ class SourceSettings(Strict):
 
     format: Literal["benchmark", "jsonl", "csv", "tsv", "lines"] | None = Field(
         None, description="benchmark: the paper's silo of this name; else the files' format (None: from the "
-                          "file suffix, .jsonl/.csv/.tsv)")
+                          "file suffix, .jsonl/.csv/.tsv, also under .gz)")
     path: str | None = Field(None, description="a folder holding `files`, or the one file to `split` "
                                                "(for lines: the common prefix, e.g. corpus for corpus.de)")
     fields: dict[str, str | int] = Field(default_factory=dict, description="role → column name (JSONL key, CSV/TSV "
@@ -148,7 +150,9 @@ class SourceSettings(Strict):
         return next(iter(self.files.values()), None) or self.path or ""
 
     def inferred_format(self) -> str | None:
-        return _SUFFIX_FORMAT.get(Path(self._sample_name()).suffix.lower())
+        """From the file's suffix, a gzip-compressed file's inner one (train.csv.gz: csv)."""
+        name = Path(self._sample_name())
+        return _SUFFIX_FORMAT.get((name.with_suffix("") if name.suffix.lower() == ".gz" else name).suffix.lower())
 
     @property
     def format_name(self) -> str:
@@ -172,12 +176,23 @@ def resolve_paths(raw_sources: object, base: Path) -> None:
     files from anywhere, and so does a Flower process."""
     if not isinstance(raw_sources, dict):
         return
-    for entry in raw_sources.values():
+    for name, entry in raw_sources.items():
         if not isinstance(entry, dict):
             continue
         for key in PATH_KEYS:
             value = entry.get(key)
             if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
-                entry[key] = str((base / value).resolve())
+                entry[key] = str(real_path(base / value, f"task.sources.{name}.{key} = {value!r}"))
             elif isinstance(value, str) and value.startswith("~"):
                 entry[key] = str(Path(value).expanduser())
+
+
+def real_path(path: Path, named: str) -> Path:
+    """`path` absolute, symlinks resolved; a symlink loop is a ConfigError naming it (`named`: the
+    config entry that leads there), not the RuntimeError Python raises."""
+    try:
+        return Path(path).expanduser().resolve()
+    except (RuntimeError, OSError) as err:  # Python < 3.13: RuntimeError("Symlink loop ..."); later: OSError
+        if isinstance(err, OSError) and err.errno != errno.ELOOP:
+            raise ConfigError(f"{named}: {path}: {err.strerror or err}") from None
+        raise ConfigError(f"{named}: {path} is a symlink loop (a link that leads back to itself)") from None

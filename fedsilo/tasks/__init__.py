@@ -71,6 +71,10 @@ class TaskSettings(BaseModel):
         """These settings as one machine holding only `names` sees them (a Flower silo)."""
         return self.model_copy(update={"silos": list(names)})
 
+    def alone(self, silo: str) -> "TaskSettings":
+        """These settings for `silo` trained on its own (a finetune run's per-silo run)."""
+        return self.model_copy(update={"silos": [silo]})
+
 
 class SiloTaskSettings(TaskSettings):
     """A task whose participants are silos named in `silos`: the benchmark's (`BENCHMARK`) and the

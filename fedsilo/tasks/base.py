@@ -4,10 +4,13 @@ Evaluation returns per-row *sufficient statistics*: additive numbers (counts, su
 vectors) from which every metric is computed. Pooling rows is then exact (pooled EM from counts,
 corpus BLEU from summed n-gram counts, MAP from summed average precisions), and a silo evaluated on
 another machine (Flower) sends numbers, never text. A row is one (client, task) pair, because a
-multi-task client holds several tasks.
+multi-task client holds several tasks. A task that is `ItemStats` also gives the final test
+evaluation each item's stats unsummed (under hashed ids), for significance tests over test items.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
@@ -173,6 +176,54 @@ class Task(Protocol):
     def evaluate(self, model: torch.nn.Module, client: str, split: str, progress=None,
                  final: bool = False) -> list[dict]:
         """[{client, task, stats}] for one client's `split`; `final` adds costly extras (test only)."""
+
+
+@runtime_checkable
+class ItemStats(Protocol):
+    """A task whose evaluation can keep each test item's stats unsummed. Significance tests resample
+    test items (paired bootstrap for BLEU/chrF as sacreBLEU does it, paired randomisation for MAP or
+    accuracy), so the final test evaluation records them in `items/test.jsonl`; a task without this
+    ability simply has no such file."""
+    def evaluate_items(self, model: torch.nn.Module, client: str, split: str, progress=None,
+                       final: bool = False) -> list[dict]:
+        """`Task.evaluate`'s rows, each with `items`: {"ids", "stats"} (see `item_row`), in the split's
+        deterministic order, so that `pool(items["stats"])` equals the row's `stats`."""
+
+
+def item_ids(keys: Sequence[Any]) -> list[str]:
+    """Each item's id for an items record: 16 hex digits of a sha256, never its text. `keys` are the
+    items' contents (JSON-serialisable), in the split's order. An item's id is the digest of the whole
+    split, its position and its own digest: a short text ("Ja.") cannot be confirmed by hashing
+    guesses, a repeated item still has an id of its own, and the same split gives the same ids in
+    every run, whatever the seed or the data folder's path (what pairing two runs checks)."""
+    digests = [hashlib.sha256(json.dumps(k, ensure_ascii=False).encode()).hexdigest() for k in keys]
+    split = hashlib.sha256("".join(digests).encode()).hexdigest()
+    return [hashlib.sha256(f"{split}/{i}/{d}".encode()).hexdigest()[:16] for i, d in enumerate(digests)]
+
+
+def item_row(client: str, task: str | None, keys: Sequence[Any], stats: Sequence[Stats],
+             row_stats: Stats | None = None) -> dict:
+    """An evaluation row with its items: {client, task, stats, items: {ids, stats}}. The row's stats
+    are the items' pooled stats unless a task gives its own (e.g. a loss summed per batch), which
+    must equal them up to float summation order."""
+    if len(keys) != len(stats):
+        raise ValueError(f"{len(keys)} item keys for {len(stats)} item stats")
+    return {"client": client, "task": task, "stats": pool(stats) if row_stats is None else row_stats,
+            "items": {"ids": item_ids(keys), "stats": list(stats)}}
+
+
+def without_items(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
+    """Rows as `Task.evaluate` returns them (an `ItemStats` task's evaluate is its items rows less the items)."""
+    return [{k: v for k, v in row.items() if k != "items"} for row in rows]
+
+
+def evaluate_rows(task: Task, model: torch.nn.Module, client: str, split: str, progress=None,
+                  final: bool = False) -> list[dict]:
+    """One client's evaluation rows; the final test evaluation (`final`) also keeps each item's stats
+    where the task can (`ItemStats`). The one place the engines (in-process and a Flower silo) ask."""
+    if final and isinstance(task, ItemStats):
+        return task.evaluate_items(model, client, split, progress=progress, final=final)
+    return task.evaluate(model, client, split, progress=progress, final=final)
 
 
 @runtime_checkable

@@ -28,6 +28,7 @@ from fedsilo.models.precision import autocast
 from fedsilo.privacy.ledger import LEDGER_FILE
 from fedsilo.rundir.datacheck import check_at_start
 from fedsilo.sources.confine import confine, silo_folder
+from fedsilo.tasks.base import evaluate_rows
 
 from fedsilo.fileio import atomic_write_bytes
 
@@ -317,6 +318,6 @@ def evaluate(message: Message, context: Context) -> Message:
     silo.client.load_for_eval(from_arrays(message.content["arrays"]))
     model = silo.client.model
     with autocast(silo.client.precision, next(model.parameters()).device):
-        rows = silo.task.evaluate(model, silo.name, str(conf["split"]), final=bool(conf["final"]))
+        rows = evaluate_rows(silo.task, model, silo.name, str(conf["split"]), final=bool(conf["final"]))
     return Message(RecordDict({"rows": rows_to_record(rows), "silo": ConfigRecord({"name": silo.name})}),
                    reply_to=message)

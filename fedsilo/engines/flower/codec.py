@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
@@ -169,12 +170,19 @@ def _transforms(content: RecordDict) -> list[dict]:
     return records
 
 
+_ITEM_ID = re.compile(r"[0-9a-f]{16}")  # an item's id is a hash (fedsilo.tasks.base.item_ids), never its text
+
+
 def rows_to_record(rows: list[dict]) -> ConfigRecord:
-    """Evaluation rows (client, task, numeric statistics) — names and numbers only."""
+    """Evaluation rows (client, task, numeric statistics; the final test's per-item statistics under
+    hashed ids) — names, hashes and numbers only."""
     for row in rows:
         for key, value in row["stats"].items():
             if not isinstance(value, (int, float, list)):
                 raise TypeError(f"evaluation statistic {key!r} is not a number")
+        problem = _items_problem(row["items"]) if "items" in row else None
+        if problem:
+            raise TypeError(f"evaluation row of {row['client']}: {problem}")
     return ConfigRecord({"rows": json.dumps(rows)})
 
 
@@ -182,6 +190,20 @@ def _numbers(value) -> bool:
     if isinstance(value, list):
         return all(_numbers(v) for v in value)
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _items_problem(items) -> str | None:
+    """What makes a row's `items` more than hashed ids and numbers, or None."""
+    if not isinstance(items, dict) or set(items) != {"ids", "stats"} or not isinstance(items["ids"], list) \
+            or not isinstance(items["stats"], list):
+        return "its items are not {ids, stats} lists"
+    if len(items["ids"]) != len(items["stats"]):
+        return f"{len(items['ids'])} item ids for {len(items['stats'])} item statistics"
+    if not all(isinstance(i, str) and _ITEM_ID.fullmatch(i) for i in items["ids"]):
+        return "an item id is not a hash (16 hex digits)"
+    if not all(isinstance(s, dict) and all(_numbers(v) for v in s.values()) for s in items["stats"]):
+        return "an item statistic is not a number"
+    return None
 
 
 def content_to_rows(content: RecordDict, silo: str) -> list[dict]:
@@ -197,4 +219,7 @@ def content_to_rows(content: RecordDict, silo: str) -> list[dict]:
         if not isinstance(row, dict) or row.get("client") != silo or not isinstance(row.get("stats"), dict) \
                 or not all(_numbers(v) for v in row["stats"].values()):
             raise MalformedReply(f"an evaluation row is not {silo}'s own numeric statistics")
+        problem = _items_problem(row["items"]) if "items" in row else None
+        if problem:
+            raise MalformedReply(f"an evaluation row of {silo}: {problem}")
     return rows

@@ -130,8 +130,9 @@ def total_rounds(config: Path, overrides: list[str] = ()) -> int | None:
 class RoundsPrinter:
     """Follows a run's `rounds.jsonl` while the ServerApp appends to it: `poll` prints one line per
     newly finished round (time, dev score) plus one per silo rejected, missing, fallen back or capped
-    in it, and one for a skipped update. With `rounds=False` (`--no-progress`) only those warnings
-    are printed, as `fedsilo: warning: round R: ...` lines.
+    in it, and one for a skipped update. With `plain` (`--no-progress`: logs, CI) they are log lines,
+    as `fedsilo run --no-progress` prints them: `fedsilo: round R/T done ...`, then the rest as
+    `fedsilo: warning: round R: ...`.
 
     A partly written last line is left until its newline arrives; a rewritten file (a resumed run
     truncates it atomically) is read again from its start, and lines already printed — or present
@@ -139,8 +140,8 @@ class RoundsPrinter:
     """
 
     def __init__(self, path: Path, total: int | None = None, stream: TextIO | None = None,
-                 skip_existing: bool = True, rounds: bool = True) -> None:
-        self.path, self.total, self.stream, self.rounds = Path(path), total, stream, rounds
+                 skip_existing: bool = True, plain: bool = False) -> None:
+        self.path, self.total, self.stream, self.plain = Path(path), total, stream, plain
         self._pos, self._ident, self._seen = 0, None, set()
         if skip_existing:
             self._read_new_lines()
@@ -210,8 +211,8 @@ class RoundsPrinter:
             lines.append(f"  {record['not_robust']}")
         if record.get("skipped"):
             lines.append(f"  no update applied: {record['skipped']}")
-        if not self.rounds:  # --no-progress: only what a user must hear, as warnings
-            return [f"fedsilo: warning: round {r}: {line.strip()}" for line in lines[1:]]
+        if self.plain:  # --no-progress: the round's line, then what a user must hear as warnings
+            return [f"fedsilo: {head}", *(f"fedsilo: warning: round {r}: {line.strip()}" for line in lines[1:])]
         return lines
 
 
@@ -310,11 +311,12 @@ class LocalDeployment:
             timeout: float | None = None, progress: bool = True, stream: TextIO | None = None) -> None:
         """Submit and wait until the run has written its results (the log stream may outlive it).
 
-        With `progress`, a line per finished round goes to `stream` (stderr by default). A run that
+        A line per finished round goes to `stream` (stderr by default): without `progress`
+        (`--no-progress`) as plain log lines, with no "run submitted" line before them. A run that
         ends without results, or whose SuperLink dies, raises `DeploymentError` naming the cause.
         """
         out = Path(out).resolve()
-        printer = RoundsPrinter(out / "rounds.jsonl", total_rounds(config, overrides), stream, rounds=progress)
+        printer = RoundsPrinter(out / "rounds.jsonl", total_rounds(config, overrides), stream, plain=not progress)
         proc = self.submit(config, out, overrides, resume)
         if progress:
             rounds = f"{printer.total} rounds, " if printer.total else ""

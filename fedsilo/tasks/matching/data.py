@@ -42,7 +42,7 @@ def own_questions(loaded: Loaded, negatives: int) -> tuple[dict[str, list[Questi
             if judged is None:
                 continue
             key = group_key(r.values["question"]) if not isinstance(r.values["candidate"], list) else r.where
-            asked.setdefault(key, (r.where, r.values["question"], []))[2].extend(judged)
+            asked.setdefault(key, (loaded.place(r.where), r.values["question"], []))[2].extend(judged)
         out[split] = [judged_question(qid, text, judged) for qid, text, judged in asked.values()]
     if not labelled:
         pool = list(dict.fromkeys(c for qs in out.values() for q in qs for c in q.candidates))
@@ -81,9 +81,10 @@ def _label_value(text: str) -> int | None:
     return _LABELS.get(text.strip().lower())
 
 
-def question_items(questions: Iterable[Question]) -> list[Item]:
-    """Questions as `fedsilo data check` compares them: grouped by question text."""
-    return [Item(q.qid, q.text, (q.text, q.candidates, q.labels)) for q in questions]
+def question_items(questions: Iterable[Question], folder: Path | None = None) -> list[Item]:
+    """Questions as `fedsilo data check` compares them: grouped by question text; an own question's
+    id (its file:line within the silo's `folder`) is shown as the full path, to be found."""
+    return [Item(str(folder / q.qid) if folder else q.qid, q.text, (q.text, q.candidates, q.labels)) for q in questions]
 
 
 def inspect_silo(settings: MatchingSettings, silo: str, data_dir: Path | None) -> SiloCheck:
@@ -97,8 +98,9 @@ def inspect_silo(settings: MatchingSettings, silo: str, data_dir: Path | None) -
         loaded = load_rows(silo, source)
         splits, problems = own_questions(loaded, settings.negatives)
         check = inspect_items(silo, source.format_name, "questions",
-                              {s: question_items(v) for s, v in splits.items()}, "question",
-                              all_problems(loaded, problems), source.bad_rows == "skip", loaded.files)
+                              {s: question_items(v, loaded.folder) for s, v in splits.items()}, "question",
+                              all_problems(loaded, problems), source.bad_rows == "skip", loaded.files,
+                              rows=loaded.splits)  # a repeated row vanishes in its gathered question
         if not any("label" in r.values for rows in loaded.splits.values() for r in rows):
             check.notes.append(f"no label in any row (column {source.column('label')!r}): every candidate is taken "
                                f"as correct, and {settings.negatives} BM25-mined answers per question as wrong; if "

@@ -16,7 +16,7 @@ import torch
 
 from fedsilo.errors import DataError
 from fedsilo.sources.check import Lengths
-from fedsilo.tasks.base import fixed_subsample, pool
+from fedsilo.tasks.base import fixed_subsample, item_row, pool, without_items
 from fedsilo.tasks.tokens import attention_mask, pad_rows
 
 from .bm25 import Bm25Index
@@ -198,14 +198,23 @@ class MatchingTask:
     def evaluate(self, model: torch.nn.Module, client: str, split: str, progress=None,
                  final: bool = False) -> list[dict]:
         """One row of summed ranking stats for `client`'s `split` (see `metrics`)."""
+        return without_items(self.evaluate_items(model, client, split, progress, final))
+
+    def evaluate_items(self, model: torch.nn.Module, client: str, split: str, progress=None,
+                       final: bool = False) -> list[dict]:
+        """`evaluate`'s row with each question's stats (a dropped one counts `dropped`): the items a
+        paired randomisation test over questions permutes. A question's id is its content (text,
+        candidates, labels), never its file's path: the same data elsewhere pairs."""
         questions = self.questions[client][split]
         rankable = [q for q in questions if _rankable(q)]
         if progress is not None and len(rankable) < len(questions):
             progress.advance(len(questions) - len(rankable))  # dropped without scoring
-        scores = self.scores(model, rankable, progress)
-        stats = pool([question_stats(s, q.labels, self.settings.margin) for s, q in zip(scores, rankable)])
-        stats["dropped"] = stats.get("dropped", 0.0) + len(questions) - len(rankable)
-        return [{"client": client, "task": self.name, "stats": stats}]
+        scored = iter(self.scores(model, rankable, progress))
+        items = [question_stats(next(scored), q.labels, self.settings.margin) if _rankable(q) else {"dropped": 1.0}
+                 for q in questions]
+        stats = pool(items)
+        stats.setdefault("dropped", 0.0)
+        return [item_row(client, self.name, [[q.text, q.candidates, q.labels] for q in questions], items, stats)]
 
     # ---- untrained references ------------------------------------------------------------
 

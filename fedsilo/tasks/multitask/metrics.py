@@ -31,9 +31,10 @@ from collections.abc import Mapping, Sequence
 from functools import cache, partial
 from typing import Any
 
-from fedsilo.tasks.base import Column, MetricSpec, Metrics, Stats
+from fedsilo.tasks.base import Column, MetricSpec, Metrics, Stats, pool
 
 SUM_KEYS = {"acc": "acc_sum", "em": "em_sum", "qa_f1": "f1_sum", "rouge_l": "rouge_sum"}
+METRICS = (*SUM_KEYS, "macro_f1", "mcc")
 _PUNCT = set(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 
@@ -97,35 +98,37 @@ def _best(score, prediction: str, references: Sequence[str]) -> float:
 def example_stats(metric: str, predictions: Sequence[str], references: Sequence[Sequence[str]],
                   rouge: str = "crossfit") -> Stats:
     """The additive statistics of `metric` over aligned predictions and reference lists; `rouge`
-    names the ROUGE-L scorer (:func:`rouge_l`)."""
-    n = len(predictions)
+    names the ROUGE-L scorer (:func:`rouge_l`). The sum of each example's (:func:`item_stats`)."""
+    if metric not in METRICS:
+        raise ValueError(f"unknown multitask metric {metric!r}")
+    if not predictions:
+        zeros = {"mcc": dict.fromkeys(("mcc_tp", "mcc_tn", "mcc_fp", "mcc_fn"), 0.0)}.get(metric, {})
+        return {**({SUM_KEYS[metric]: 0.0} if metric in SUM_KEYS else zeros), "n": 0}
+    return pool([item_stats(metric, p, refs, rouge) for p, refs in zip(predictions, references)])
+
+
+def item_stats(metric: str, prediction: str, references: Sequence[str], rouge: str = "crossfit") -> Stats:
+    """One example's statistics of `metric` (with ``n`` = 1): a test set's item, what a paired
+    randomisation test permutes."""
     if metric == "acc":
-        return {"acc_sum": sum(_best(lambda p, r: p.lower() == r.lower(), p, refs)
-                               for p, refs in zip(predictions, references)), "n": n}
+        return {"acc_sum": _best(lambda p, r: p.lower() == r.lower(), prediction, references), "n": 1.0}
     if metric == "em":
-        return {"em_sum": sum(_best(lambda p, r: normalize_answer(p) == normalize_answer(r), p, refs)
-                              for p, refs in zip(predictions, references)), "n": n}
+        return {"em_sum": _best(lambda p, r: normalize_answer(p) == normalize_answer(r), prediction, references),
+                "n": 1.0}
     if metric == "qa_f1":
-        return {"f1_sum": sum(_best(qa_f1, p, refs) for p, refs in zip(predictions, references)), "n": n}
+        return {"f1_sum": _best(qa_f1, prediction, references), "n": 1.0}
     if metric == "rouge_l":
-        score = partial(rouge_l, scorer=rouge)
-        return {"rouge_sum": sum(_best(score, p, refs) for p, refs in zip(predictions, references)), "n": n}
+        return {"rouge_sum": _best(partial(rouge_l, scorer=rouge), prediction, references), "n": 1.0}
     if metric == "macro_f1":
-        counts: Counter = Counter()
-        for p, refs in zip(predictions, references):
-            gold = refs[0]
-            if p == gold:
-                counts[f"tp|{gold}"] += 1
-            else:
-                counts[f"fp|{p}"] += 1
-                counts[f"fn|{gold}"] += 1
-        return {**{k: float(v) for k, v in counts.items()}, "n": n}
+        gold = references[0]
+        if prediction == gold:
+            return {f"tp|{gold}": 1.0, "n": 1.0}
+        return {f"fp|{prediction}": 1.0, f"fn|{gold}": 1.0, "n": 1.0}
     if metric == "mcc":
         out = dict.fromkeys(("mcc_tp", "mcc_tn", "mcc_fp", "mcc_fn"), 0.0)
-        for p, refs in zip(predictions, references):
-            pred, gold = p.strip() == "acceptable", refs[0] == "acceptable"
-            out[f"mcc_{'t' if pred == gold else 'f'}{'p' if pred else 'n'}"] += 1
-        return {**out, "n": n}
+        pred, gold = prediction.strip() == "acceptable", references[0] == "acceptable"
+        out[f"mcc_{'t' if pred == gold else 'f'}{'p' if pred else 'n'}"] = 1.0
+        return {**out, "n": 1.0}
     raise ValueError(f"unknown multitask metric {metric!r}")
 
 

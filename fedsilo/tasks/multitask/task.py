@@ -29,11 +29,12 @@ from pathlib import Path
 import torch
 
 from fedsilo.sources.check import Lengths
+from fedsilo.tasks.base import item_row, pool, without_items
 from fedsilo.tasks.tokens import RowMemo, attention_mask, pad_rows, sequence_nll, sorted_batches
 
 from .catalog import CATALOG
 from .data import SPLITS, load_fewshot, own_shots
-from .metrics import SPEC, example_stats
+from .metrics import SPEC, example_stats, item_stats
 from .plugin import MultitaskSettings
 
 __all__ = ["Example", "MultitaskTask", "RepresentationWarning"]
@@ -209,7 +210,13 @@ class MultitaskTask:
     def evaluate(self, model: torch.nn.Module, client: str, split: str, progress=None,
                  final: bool = False) -> list[dict]:
         """One row per task of `client`: the task's metric statistics and its test loss."""
-        from fedsilo.models.seq2seq import loss_and_greedy
+        return without_items(self.evaluate_items(model, client, split, progress, final))
+
+    @torch.no_grad()
+    def evaluate_items(self, model: torch.nn.Module, client: str, split: str, progress=None,
+                       final: bool = False) -> list[dict]:
+        """`evaluate`'s rows with each example's stats (its metric's statistics and token loss)."""
+        from fedsilo.models.seq2seq import token_losses_and_greedy
 
         rows = []
         was_training = model.training
@@ -217,23 +224,26 @@ class MultitaskTask:
         try:
             for name, examples in self.splits[client][split].items():
                 preds: list[str] = [""] * len(examples)
+                losses: list[tuple[float, int]] = [(0.0, 0)] * len(examples)
                 loss_sum, loss_n = 0.0, 0
                 encoded = self.rows((client, split, name), examples)
                 for idx in sorted_batches([len(r["input_ids"]) for r in encoded], self.settings.eval_batch_size):
                     enc = {k: v.to(model.device) for k, v in self.pad([encoded[i] for i in idx]).items()}
                     labels = enc.pop("labels")
                     del enc["token_weights"], enc["annotated_rows"]
-                    s, n, ids = loss_and_greedy(model, enc, labels, self.settings.max_target_length - 1)
-                    loss_sum, loss_n = loss_sum + s, loss_n + n
-                    for i, p in zip(idx, self.tokenizer.batch_decode(ids, skip_special_tokens=True)):
-                        preds[i] = p.strip()
+                    token_loss, ids = token_losses_and_greedy(model, enc, labels, self.settings.max_target_length - 1)
+                    loss_sum, loss_n = loss_sum + float(token_loss.sum()), loss_n + int((labels != -100).sum())
+                    per_row = zip(token_loss.sum(1).tolist(), (labels != -100).sum(1).tolist())
+                    for i, p, loss in zip(idx, self.tokenizer.batch_decode(ids, skip_special_tokens=True), per_row):
+                        preds[i], losses[i] = p.strip(), loss
                     if progress is not None:
                         progress.advance(len(idx))
-                stats = example_stats(self.metrics[name], preds,
-                                      [tuple(self._written.get(r, r) for r in e.references) for e in examples],
-                                      rouge=self.settings.rouge)
-                rows.append({"client": client, "task": name,
-                             "stats": {**stats, "loss_sum": loss_sum, "loss_n": float(loss_n)}})
+                items = [{**item_stats(self.metrics[name], p, tuple(self._written.get(r, r) for r in e.references),
+                                       rouge=self.settings.rouge), "loss_sum": loss, "loss_n": float(tokens)}
+                         for p, e, (loss, tokens) in zip(preds, examples, losses)]
+                stats = {**example_stats(self.metrics[name], [], []), **pool(items),  # the metric's zeros, then the sums
+                         "loss_sum": loss_sum, "loss_n": float(loss_n)}  # the loss as summed per batch
+                rows.append(item_row(client, name, [[e.source, list(e.references)] for e in examples], items, stats))
         finally:
             model.train(was_training)
         return rows

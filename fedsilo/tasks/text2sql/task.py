@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from fedsilo.sources.check import Lengths
-from fedsilo.tasks.base import Column, MetricSpec, Metrics, fixed_subsample
+from fedsilo.tasks.base import Column, MetricSpec, Metrics, fixed_subsample, item_row, pool, without_items
 from fedsilo.tasks.tokens import RowMemo, pad_seq2seq, sequence_losses, sorted_batches
 
 from .data import DataError, Example, silo_database, silo_examples
@@ -184,49 +184,58 @@ class Text2SQLTask:
         A split is tokenised at its first evaluation; batches of similar source length run from the
         longest down, each through the encoder once: its outputs serve both the teacher-forced loss
         and greedy decoding (as the paper evaluates)."""
+        return without_items(self.evaluate_items(model, client, split, progress, final))
+
+    @torch.no_grad()
+    def evaluate_items(self, model: torch.nn.Module, client: str, split: str, progress=None,
+                       final: bool = False) -> list[dict]:
+        """`evaluate`'s row with each example's stats (its exact match, fit, token loss and, where
+        scored, execution match): the items a paired randomisation test permutes."""
         examples = self.examples(client, split)
         db = self.databases[client]
         with_exec = bool(final and self.settings.exec_accuracy and db)
-        stats: dict[str, float] = {"correct": 0.0, "n": 0.0, "loss_sum": 0.0, "loss_n": 0.0,
-                                   "fit": float(self._fit(examples))}
-        if with_exec:
-            stats.update(exec_correct=0.0, exec_n=0.0)
+        items: list[dict] = [{}] * len(examples)
+        loss_sum, loss_n = 0.0, 0
         was_training = model.training
         model.eval()
         try:
             rows = self.rows((client, split), self.examples(client, split))
             for idx in sorted_batches([len(r["input_ids"]) for r in rows], self.settings.eval_batch_size):
-                batch = [examples[i] for i in idx]
-                loss_sum, loss_n, preds = self.evaluate_batch(model, [rows[i] for i in idx])
-                stats["loss_sum"] += loss_sum
-                stats["loss_n"] += loss_n
-                stats["n"] += len(batch)
-                stats["correct"] += sum(exact_match(p, e.sql) for p, e in zip(preds, batch))
-                if with_exec:
-                    stats["exec_correct"] += sum(execution_match(p, e.sql, db)
-                                                 for p, e in zip(preds, batch))
-                    stats["exec_n"] += len(batch)
+                s, n, preds, losses = self.evaluate_batch(model, [rows[i] for i in idx])
+                loss_sum, loss_n = loss_sum + s, loss_n + n
+                for i, pred, (loss, tokens) in zip(idx, preds, losses):
+                    e = examples[i]
+                    fits = self.target_length(e) <= self.settings.max_target_length
+                    items[i] = {"correct": float(exact_match(pred, e.sql)), "n": 1.0, "loss_sum": loss,
+                                "loss_n": float(tokens), "fit": float(fits)}
+                    if with_exec:
+                        items[i].update(exec_correct=float(execution_match(pred, e.sql, db)), exec_n=1.0)
                 if progress is not None:
-                    progress.advance(len(batch))
+                    progress.advance(len(idx))
         finally:
             model.train(was_training)
-        return [{"client": client, "task": self.name, "stats": stats}]
+        stats = {"correct": 0.0, "n": 0.0, **pool(items), "loss_sum": loss_sum, "loss_n": float(loss_n),
+                 "fit": float(self._fit(examples))}  # the loss as summed per batch
+        return [item_row(client, self.name, [[e.source, e.sql] for e in examples], items, stats)]
 
     # ---- helpers ---------------------------------------------------------------------------
 
     @torch.no_grad()
-    def evaluate_batch(self, model, rows: Sequence[Mapping[str, torch.Tensor]]) -> tuple[float, int, list[str]]:
-        """(summed token cross-entropy, label tokens, greedy predictions) of tokenised rows, from one
-        encoder pass.
+    def evaluate_batch(self, model, rows: Sequence[Mapping[str, torch.Tensor]]
+                       ) -> tuple[float, int, list[str], list[tuple[float, int]]]:
+        """(summed token cross-entropy, label tokens, greedy predictions, each row's (summed token
+        cross-entropy, label tokens)) of tokenised rows, from one encoder pass.
 
         Generation gets the labels' budget: at most ``max_target_length - 1`` SQL tokens (the label
         adds EOS), so a target that does not fit can never be matched and ``fit`` bounds ``correct``."""
-        from fedsilo.models.seq2seq import loss_and_greedy
+        from fedsilo.models.seq2seq import token_losses_and_greedy
 
         enc = {k: v.to(model.device) for k, v in self.pad(rows).items()}
         labels = enc.pop("labels")
-        loss_sum, loss_n, ids = loss_and_greedy(model, enc, labels, max(1, self.settings.max_target_length - 1))
-        return loss_sum, loss_n, self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+        token_loss, ids = token_losses_and_greedy(model, enc, labels, max(1, self.settings.max_target_length - 1))
+        per_row = list(zip(token_loss.sum(1).tolist(), (labels != -100).sum(1).tolist()))
+        return (float(token_loss.sum()), int((labels != -100).sum()),
+                self.tokenizer.batch_decode(ids, skip_special_tokens=True), per_row)
 
     def target_length(self, example: Example) -> int:
         """The gold target's token count plus EOS (untruncated)."""

@@ -38,7 +38,7 @@ from .plugin import DISPLAY, DOMAINS, TranslationSettings
 
 __all__ = [
     "DOMAINS", "DISPLAY", "SPLITS", "SPLIT_COUNTS", "PREPARE_VERSION", "DataError", "Pair",
-    "load_domain", "load_silo", "own_pairs", "items", "inspect_silo", "required_files", "verify_data_dir", "split_size",
+    "load_domain", "load_silo", "own_pairs", "normalised", "items", "inspect_silo", "required_files", "verify_data_dir", "split_size",
 ]
 
 SPLITS = ("train", "dev", "test")
@@ -95,13 +95,22 @@ def load_silo(settings: TranslationSettings, domain: str, data_dir: Path | None)
     source = settings.own_source(domain)
     if source is None:
         return load_domain(data_dir, domain)
-    return load_accepted(domain, source, lambda loaded: (own_pairs(loaded), []))
+    return load_accepted(domain, source, lambda loaded: (normalised(own_pairs(loaded)), []))
 
 
 def own_pairs(loaded: Loaded) -> dict[str, list[Pair]]:
-    """Rows as pairs, text as written (stripped: no normalisation, the references are scored as given)."""
+    """Rows as pairs, text as written (stripped): what `fedsilo data check` shows, to be found in the file."""
     return {split: [Pair(loaded.name, r.values["source"], r.values["target"], r.where) for r in rows]
             for split, rows in loaded.splits.items()}
+
+
+def normalised(splits: dict[str, list[Pair]]) -> dict[str, list[Pair]]:
+    """Own pairs as a run takes them: punctuation-normalised as the benchmark domains are (German
+    „ “ – become " " -, which the tokenizer knows), references too, so an own domain is trained and
+    scored in the form every other domain is."""
+    nm = _Normaliser()
+    return {split: [Pair(p.domain, nm.norm("de", p.source), nm.norm("en", p.target), p.where) for p in pairs]
+            for split, pairs in splits.items()}
 
 
 def items(pairs: Iterable[Pair]) -> list[Item]:
@@ -117,8 +126,15 @@ def inspect_silo(settings: TranslationSettings, domain: str, data_dir: Path | No
         return inspect_items(domain, "benchmark", "pairs", {s: items(v) for s, v in splits.items()}, "source",
                              files=[Path(data_dir) / f for f in required_files([domain])])
     loaded = load_rows(domain, source)
-    return inspect_items(domain, source.format_name, "pairs", {s: items(v) for s, v in own_pairs(loaded).items()},
-                         "source", loaded.problems, source.bad_rows == "skip", loaded.files)
+    pairs = own_pairs(loaded)
+    check = inspect_items(domain, source.format_name, "pairs", {s: items(v) for s, v in pairs.items()},
+                          "source", loaded.problems, source.bad_rows == "skip", loaded.files)
+    as_run = normalised(pairs)
+    changed = [p.where for split in SPLITS for p, q in zip(pairs[split], as_run[split]) if p != q]
+    if changed:
+        check.notes.append(f"{len(changed)} pair(s) punctuation-normalised for the run as the benchmark domains are "
+                           f"(e.g. „ “ – as \" \" -; references too), first {changed[0]}")
+    return check
 
 
 def required_files(domains: Iterable[str]) -> list[str]:

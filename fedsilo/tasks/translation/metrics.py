@@ -22,9 +22,9 @@ from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF
 
-from fedsilo.tasks.base import Column, Metrics, MetricSpec
+from fedsilo.tasks.base import Column, Metrics, MetricSpec, pool
 
-__all__ = ["bleu_stats", "bleu_from_stats", "chrf_from_stats", "signatures", "compute_metrics", "SPEC"]
+__all__ = ["bleu_stats", "sentence_stats", "summed", "bleu_from_stats", "chrf_from_stats", "signatures", "compute_metrics", "SPEC"]
 
 BLEU_LEN = 2 + 2 * BLEU().max_ngram_order   # sys_len, ref_len, correct_1..4, total_1..4
 CHRF_LEN = 3 * CHRF().order                 # [hyp, ref, match] per character order 1..6
@@ -42,6 +42,12 @@ def _chrf() -> CHRF:
 
 def bleu_stats(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
     """{"bleu_stats", "chrf_stats", "n"} summed over sentence pairs (one reference each)."""
+    return summed(sentence_stats(hypotheses, references))
+
+
+def sentence_stats(hypotheses: Sequence[str], references: Sequence[str]) -> list[dict]:
+    """Each sentence pair's {"bleu_stats", "chrf_stats", "n": 1}: sacreBLEU's per-sentence statistics,
+    the very numbers its paired bootstrap resamples (a test set's items)."""
     hypotheses, references = list(hypotheses), list(references)
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
@@ -50,18 +56,18 @@ def bleu_stats(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
         if bad is not None:
             raise TypeError(f"{what} {bad} is {type(texts[bad]).__name__}, not str")
     if not hypotheses:  # sacreBLEU reads an empty reference list as "use the cache" and fails
-        return {"bleu_stats": [0.0] * BLEU_LEN, "chrf_stats": [0.0] * CHRF_LEN, "n": 0}
-    return {"bleu_stats": _summed(_bleu()._extract_corpus_statistics(hypotheses, [references]), BLEU_LEN),
-            "chrf_stats": _summed(_chrf()._extract_corpus_statistics(hypotheses, [references]), CHRF_LEN),
-            "n": len(hypotheses)}
+        return []
+    bleu = _bleu()._extract_corpus_statistics(hypotheses, [references])
+    chrf = _chrf()._extract_corpus_statistics(hypotheses, [references])
+    return [{"bleu_stats": [float(v) for v in b], "chrf_stats": [float(v) for v in c], "n": 1.0}
+            for b, c in zip(bleu, chrf)]
 
 
-def _summed(rows: list[list[int]], length: int) -> list[float]:
-    total = [0.0] * length
-    for row in rows:
-        for i, v in enumerate(row):
-            total[i] += float(v)
-    return total
+def summed(sentences: Sequence[Mapping[str, Any]]) -> dict:
+    """A row's stats from its sentences' (`sentence_stats`, perhaps with a loss each): their sum, zeros
+    for no sentence."""
+    return pool(sentences) if sentences else {"bleu_stats": [0.0] * BLEU_LEN, "chrf_stats": [0.0] * CHRF_LEN,
+                                               "n": 0}
 
 
 def _vector(stats: Mapping[str, Any] | Sequence[float], key: str, length: int) -> list[float]:

@@ -55,6 +55,13 @@ class TranslationSettings(SiloTaskSettings):
         own = [s for s in self.silos if self.own_source(s)]
         return own if len(own) == len(self.silos) else list(dict.fromkeys([*DOMAINS, *own]))
 
+    def alone(self, silo: str) -> "TranslationSettings":
+        """`silo` trained on its own, tested on the whole run's matrix: every silo's model on the same
+        domains, the own silos too (its own default would be the benchmark's five, or `silo` alone)."""
+        own = self.model_copy(update={"silos": [silo]})
+        whole = self.matrix_domains()
+        return own if own.matrix_domains() == whole else own.model_copy(update={"matrix": whole})
+
     def needed_silos(self) -> list[str]:
         return self.needed_domains()
 

@@ -16,11 +16,11 @@ import torch
 
 from fedsilo.datafetch import default_data_root
 from fedsilo.sources.check import Lengths
-from fedsilo.tasks.base import fixed_subsample
+from fedsilo.tasks.base import fixed_subsample, item_row, without_items
 from fedsilo.tasks.tokens import RowMemo, pad_seq2seq, sequence_losses, sorted_batches
 
 from .data import DataError, Pair, load_silo
-from .metrics import SPEC, bleu_stats, signatures
+from .metrics import SPEC, sentence_stats, signatures, summed
 from .plugin import TranslationSettings
 
 __all__ = ["TranslationTask", "task_tokenizer"]
@@ -125,33 +125,45 @@ class TranslationTask:
     def evaluate(self, model: torch.nn.Module, client: str, split: str, progress=None,
                  final: bool = False) -> list[dict]:
         """One row of additive stats for `client`'s (domain's) `split` (see the module docstring)."""
+        return without_items(self.evaluate_items(model, client, split, progress, final))
+
+    @torch.no_grad()
+    def evaluate_items(self, model: torch.nn.Module, client: str, split: str, progress=None,
+                       final: bool = False) -> list[dict]:
+        """`evaluate`'s row with each sentence pair's stats (sacreBLEU's per-sentence statistics and its
+        token loss): the items a paired bootstrap resamples."""
         pairs = self.examples(client, split)
         hyps: list[str] = [""] * len(pairs)
+        item_losses: list[tuple[float, int]] = [(0.0, 0)] * len(pairs)
         loss_sum, loss_n = 0.0, 0
         was_training = model.training
         model.eval()
         try:
             rows = self.rows((client, split), self.examples(client, split))
             for idx in sorted_batches([len(r["input_ids"]) for r in rows], self.settings.eval_batch_size):
-                s, n, preds = self.evaluate_batch(model, [rows[i] for i in idx])
+                s, n, preds, losses = self.evaluate_batch(model, [rows[i] for i in idx])
                 loss_sum, loss_n = loss_sum + s, loss_n + n
-                for i, pred in zip(idx, preds):
-                    hyps[i] = pred
+                for i, pred, loss in zip(idx, preds, losses):
+                    hyps[i], item_losses[i] = pred, loss
                 if progress is not None:
                     progress.advance(len(idx))
         finally:
             model.train(was_training)
-        stats = {**bleu_stats(hyps, [p.target for p in pairs]), "loss_sum": loss_sum, "loss_n": float(loss_n)}
-        return [{"client": client, "task": self.name, "stats": stats}]
+        items = [{**sentence, "loss_sum": loss, "loss_n": float(tokens)} for sentence, (loss, tokens)
+                 in zip(sentence_stats(hyps, [p.target for p in pairs]), item_losses)]
+        stats = {**summed(items), "loss_sum": loss_sum, "loss_n": float(loss_n)}  # the loss as summed per batch
+        return [item_row(client, self.name, [[p.source, p.target] for p in pairs], items, stats)]
 
     @torch.no_grad()
-    def evaluate_batch(self, model, rows: Sequence[Mapping[str, torch.Tensor]]) -> tuple[float, int, list[str]]:
-        """(summed token cross-entropy, label tokens, greedy translations) of tokenised rows, from
-        one encoder pass."""
-        from fedsilo.models.seq2seq import loss_and_greedy
+    def evaluate_batch(self, model, rows: Sequence[Mapping[str, torch.Tensor]]
+                       ) -> tuple[float, int, list[str], list[tuple[float, int]]]:
+        """(summed token cross-entropy, label tokens, greedy translations, each row's (summed token
+        cross-entropy, label tokens)) of tokenised rows, from one encoder pass."""
+        from fedsilo.models.seq2seq import token_losses_and_greedy
 
         enc = {k: v.to(model.device) for k, v in self.pad(rows).items()}
         labels = enc.pop("labels")
-        loss_sum, loss_n, ids = loss_and_greedy(model, enc, labels, self.settings.max_target_length)
+        token_loss, ids = token_losses_and_greedy(model, enc, labels, self.settings.max_target_length)
         preds = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
-        return loss_sum, loss_n, [p.strip() for p in preds]
+        per_row = list(zip(token_loss.sum(1).tolist(), (labels != -100).sum(1).tolist()))
+        return float(token_loss.sum()), int((labels != -100).sum()), [p.strip() for p in preds], per_row
