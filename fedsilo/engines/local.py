@@ -7,7 +7,6 @@ What a silo keeps between rounds is in the client store (disk by default), so RA
 from __future__ import annotations
 
 import time
-import warnings
 
 import torch
 
@@ -19,8 +18,7 @@ from fedsilo.engines.secure import sum_in_process
 from fedsilo.engines.workers import WorkerPool, resolve_threads, resolve_workers, threads_per_worker
 from fedsilo.models.precision import autocast
 from fedsilo.progress import Progress
-from fedsilo.errors import ConfigWarning, RunDirError
-from fedsilo.features.robust import uncapped_weights
+from fedsilo.errors import RunDirError
 from fedsilo.recipe import Recipe, build_clients, give_policies
 from fedsilo.server import Server
 from fedsilo.tasks.base import CrossDomain, evaluate_rows
@@ -81,9 +79,6 @@ class LocalEngine:
         give_policies(self.clients, self.policies)
         self.device = next(model.parameters()).device
         self.workers = resolve_workers(cfg.engine.workers, self.device, len(self.clients))
-        uncapped = uncapped_weights(recipe)
-        if uncapped:  # said once, at the start (the runner prints what the engine warned while it was built)
-            warnings.warn(uncapped, ConfigWarning, stacklevel=2)
         self.threads = resolve_threads(cfg.engine.threads)
         self._threads_before = torch.get_num_threads()
         torch.set_num_threads(self.threads)  # put back by close()

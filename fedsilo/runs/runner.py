@@ -18,6 +18,7 @@ from fedsilo.core.tensors import is_finite
 from fedsilo.engines import CrossDomainEngine, Engine
 from fedsilo.engines.local import LocalEngine
 from fedsilo.errors import ConfigError, RunFailed
+from fedsilo.features.robust import uncapped_weights
 from fedsilo.progress import Display, Heard, Progress
 from fedsilo.recipe import (LEDGER_FOLDER, TOKENIZER_DIR, build_model, build_recipe, build_server, build_task,
                             give_ledgers, store_root, task_tokenizer)
@@ -111,6 +112,9 @@ def run_federation(cfg: RunConfig, run: RunDir, engine: Engine, server: Server, 
 def _federate(cfg: RunConfig, run: RunDir, engine, server: Server, spec: MetricSpec, task_name: str,
               progress: Progress, display: dict | None, tokenizer: str | None) -> dict:
     server.register(engine.client_sizes)
+    uncapped = uncapped_weights(build_recipe(cfg))  # on every engine: the weights are the server's business
+    if uncapped:
+        progress.warn(uncapped)
     device = next(iter(server.params.values())).device  # checkpoints load where the server lives
     identity = {"run_id": run.run_id(), "config": config_hash(cfg)}
     if tokenizer is not None:  # saved with each checkpoint, not checked on resume (the config hash covers it)
