@@ -230,7 +230,8 @@ def _data_check(args: argparse.Namespace) -> int:
 
 def cmd_init(args: argparse.Namespace) -> int:
     """A commented config for a folder of silos; what it cannot tell is left as DECIDE lines."""
-    from fedsilo.runs.init import init_config, write_config
+    from fedsilo.runs.init import init_config
+    from fedsilo.runs.init_text import write_config
 
     out = Path(args.out)
     if out.exists() and not args.force:
