@@ -11,10 +11,11 @@ from __future__ import annotations
 from fedsilo.client import ditto, meta, pseudo  # after-training ditto; objective meta_weighting; hook pseudo_labels
 # compression: upload transforms fp16, bf16, int8, topk; pulling: upload selectors dp_g, dp_l, random (Dynamic Pulling)
 from fedsilo.core import compression, pulling
-# The four tasks, in the order `fedsilo run` lists them (light modules: settings and a lazy builder).
+# The five tasks, in the order `fedsilo run` lists them (light modules: settings and a lazy builder).
 from fedsilo.tasks.text2sql import plugin as text2sql  # isort: skip
 from fedsilo.tasks.translation import plugin as translation  # isort: skip
 from fedsilo.tasks.matching import plugin as matching  # isort: skip
 from fedsilo.tasks.multitask import plugin as multitask  # isort: skip
+from fedsilo.tasks.instruct import plugin as instruct  # isort: skip
 
-MODULES = (ditto, meta, pseudo, compression, pulling, text2sql, translation, matching, multitask)
+MODULES = (ditto, meta, pseudo, compression, pulling, text2sql, translation, matching, multitask, instruct)

@@ -272,8 +272,9 @@ def build_client(cfg: RunConfig, task, model, store: ClientStore, name: str, exa
         raise ConfigError(f"client.before_training = {c.before_training!r}: the {task.name} task "
                           f"does not offer it ({needs.__name__})")
     if c.dp is not None and not isinstance(task, PerExampleLoss):
+        why = getattr(task, "no_example_losses", "")  # a task may say why (a packed batch mixes examples)
         raise ConfigError(f"client.dp: the {task.name} task gives no per-example losses (example_losses, "
-                          "rows_per_example), which DP-SGD clips")
+                          f"rows_per_example), which DP-SGD clips{why}")
     try:
         return SiloClient(name, task, examples, model, store, part)
     except TypeError as err:  # an objective the task cannot serve

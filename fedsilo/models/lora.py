@@ -1,19 +1,21 @@
 """LoRA as the model surgery ``lora``: peft's adapter layers injected in place into any model fedsilo
-builds (the MiniLM cross-encoder, tiny-bert, minilm2bert, tiny-t5, the Marian-shaped transformer, a
-local Hugging Face checkpoint). The base model is frozen, so only the adapters — and the task head
+builds (the MiniLM cross-encoder, tiny-bert, minilm2bert, tiny-t5, the Marian-shaped transformer,
+tiny-llama, a local Hugging Face checkpoint; QLoRA: a causal checkpoint's 4-bit weights, see
+fedsilo.models.causal). The base model is frozen, so only the adapters — and the task head
 when it trains — are federated parameters (fedsilo.client.silo.federated_parameters): the rest never
 leaves a silo and is never stored per silo.
 
 - Layers: ``target_modules`` (peft's names, e.g. ``["query", "value"]``); by default peft's own choice
-  for the architecture (BERT: query, value; T5: q, v; Marian: q_proj, v_proj; an encoder-decoder of
-  BERTs: query, value).
+  for the architecture (BERT: query, value; T5: q, v; Marian and Llama: q_proj, v_proj; an
+  encoder-decoder of BERTs: query, value).
 - Start: A ~ U(−1/√in, 1/√in) (peft's Kaiming-uniform bound) drawn from a generator seeded with the
   run's seed, B = 0, so the model computes what the base computes and every engine and silo starts
   from the same adapters (torch's global generator is not touched).
 - Head (``head``): ``shared`` (trained and averaged), ``private`` (trained, kept by each silo: the
   exchange plan makes it private) or ``frozen``. Default: shared on an encoder (its classifier is
-  new and must train), frozen on a seq2seq model (its LM head is tied to the pretrained embeddings).
-  A trained head is peft's ``modules_to_save`` copy (``classifier.modules_to_save.default.*``).
+  new and must train), frozen on a seq2seq or causal language model (its LM head is tied to the
+  embeddings). A trained head is peft's ``modules_to_save`` copy (``classifier.modules_to_save.default.*``;
+  a language model's: ``lm_head.modules_to_save.default.*``, untied from the frozen embeddings).
 - ``aggregation``: a fedsilo.core.lora policy (fedit, ffa, exact). ``ffa`` freezes A; ``exact`` makes
   the adapted base weights travel down (``RECEIVED_ONLY``) so the server can merge into them.
 - ``ranks``: a rank per silo at most ``rank`` (heterogeneous ranks; see fedsilo.core.lora.limit_rank).
@@ -49,7 +51,7 @@ class LoraSettings(BaseModel):
                                                                             "default: peft's for the architecture, else the attention's query and value")
     head: Literal["shared", "private", "frozen"] | None = Field(
         None, description="the task head: shared, private or frozen (default: shared on an encoder, frozen on "
-                          "a seq2seq model)")
+                          "a seq2seq or causal language model)")
     aggregation: choice(LORA_AGGREGATIONS) = Field("fedit", description="fedit (A, B averaged apart), ffa (A frozen), "
                                                                         "exact (Σ pᵢ·BᵢAᵢ merged into the base)")
     ranks: dict[str, int] = Field(default_factory=dict, description="a silo's own rank (≤ rank)")
@@ -90,12 +92,13 @@ def _default_targets(model: torch.nn.Module) -> list[str]:
 
 def _head(model: torch.nn.Module, settings: LoraSettings) -> list[str]:
     is_seq2seq = bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
-    head = settings.head or ("frozen" if is_seq2seq else "shared")
+    classifier = [n for n in _HEADS if isinstance(getattr(model, n, None), torch.nn.Module)]
+    lm_head = ["lm_head"] if isinstance(getattr(model, "lm_head", None), torch.nn.Module) else []
+    language_model = is_seq2seq or bool(lm_head and not classifier)  # a causal LM: lm_head, no classifier
+    head = settings.head or ("frozen" if language_model else "shared")
     if head == "frozen":
         return []
-    names = [n for n in _HEADS if isinstance(getattr(model, n, None), torch.nn.Module)]
-    if not names and is_seq2seq and isinstance(getattr(model, "lm_head", None), torch.nn.Module):
-        names = ["lm_head"]
+    names = classifier or lm_head
     if not names:
         raise SurgeryError(f"lora: head = {head!r}, but the model has no classifier, score or lm_head module; "
                            "set head = \"frozen\"")

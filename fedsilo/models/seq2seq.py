@@ -111,6 +111,7 @@ def build_seq2seq(cfg: ModelConfig, seed: int = 0, task_tokenizer=None) -> tuple
         _set_special_tokens(model, tokenizer)
         _size_generation_cache(model)
         model.to(device)
+    checkpoint_activations(model, cfg)
     model.eval()
     return model, tokenizer
 
@@ -172,6 +173,21 @@ def fits_in_memory(cfg: ModelConfig, device: torch.device):
         reason = str(err).split("DefaultCPUAllocator: ")[-1].splitlines()[0]
         raise ConfigError(f"model: {cfg.name or 'the default model'} does not fit in memory on {device} "
                           f"({reason}); choose a smaller one (model.d_model, d_ff, num_layers)") from None
+
+
+def checkpoint_activations(model: PreTrainedModel, cfg: ModelConfig) -> None:
+    """`model.gradient_checkpointing`: each layer's activations are recomputed in the backward pass.
+    Non-reentrant (torch's recommended variant): the gradients are the same, and it needs no input
+    that requires grad, which a LoRA model's frozen embeddings would not give."""
+    if not cfg.gradient_checkpointing:
+        return
+    if not model.supports_gradient_checkpointing:
+        raise ConfigError(f"model.gradient_checkpointing: {type(model).__name__} ({cfg.name}) does not support it")
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # its new name; the old one warns since transformers 5.2x
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def resolve_device(name: str) -> torch.device:

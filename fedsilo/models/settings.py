@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from fedsilo.errors import ConfigError
 from fedsilo.settings import SectionError, Strict, choice, where_what
 
 from . import MODEL_KINDS, SURGERIES
@@ -27,7 +28,7 @@ class SurgeryConfig(Strict):
 
 
 class ModelConfig(Strict):
-    kind: choice(MODEL_KINDS) | None = Field(None, description="seq2seq | encoder; default: the task's")
+    kind: choice(MODEL_KINDS) | None = Field(None, description="seq2seq | encoder | causal; default: the task's")
     name: str | None = Field(None, description="a built-in model name or a local HF checkpoint folder; "
                                                "default: the task's")
     # Upper bounds above any published model's (GPT-3: 12288, T5-11B d_ff 65536): beyond them a value is
@@ -43,6 +44,12 @@ class ModelConfig(Strict):
         "fp32", description="client training and evaluation under autocast (bf16, or fp16 with a grad scaler); "
                             "weights, server aggregation and the server optimiser stay fp32")
     tf32: bool = Field(True, description="TF32 matmuls on CUDA (Ampere or newer): fp32 weights, faster matmuls")
+    gradient_checkpointing: bool = Field(
+        False, description="recompute each layer's activations in the backward pass instead of keeping them "
+                           "(causal and seq2seq models): less memory for about a third more compute")
+    quantization: Literal["none", "4bit"] = Field(
+        "none", description="4bit: QLoRA, a local causal checkpoint's base weights in 4-bit NF4 (bitsandbytes, "
+                            "CUDA only; pip install fedsilo[gpu]) under the lora surgery's adapters")
     surgery: SurgeryConfig | list[SurgeryConfig] | None = Field(
         None, description="a model surgery, or a list applied in order (lora first: it freezes what exists)")
     init_from: str | None = Field(None, description="start from this run directory's best.pt (the global "
@@ -89,18 +96,58 @@ class ModelConfig(Strict):
                     raise SectionError(f"model.surgery: {err}") from None
         return self
 
+    @model_validator(mode="after")
+    def _memory_options_fit_model(self) -> "ModelConfig":
+        if self.quantization == "4bit":
+            lora = next((s.settings() for s in self.surgeries if s.name == "lora"), None)
+            if lora is None:
+                raise SectionError('model.quantization = "4bit": 4-bit weights cannot be trained (QLoRA trains LoRA '
+                                   'adapters over them); add [model.surgery] name = "lora"')
+            if lora.aggregation == "exact":
+                raise SectionError('model.quantization = "4bit": lora aggregation = "exact" merges the adapters into '
+                                   'the base weights, which are 4-bit here; use fedit or ffa')
+        refusal = unsupported(self, self.kind, self.name)  # kind None: the task's, checked again by its builder
+        if refusal:
+            raise SectionError(refusal)
+        return self
 
-# What the built-in model kinds read of [model] (fedsilo/models/seq2seq.py, encoder.py; names kept here
+
+# What the built-in model kinds read of [model] (fedsilo/models/seq2seq.py, encoder.py, causal.py; names kept here
 # as strings so that validating a config imports no model code). A user's own model kind reads what it
 # reads: nothing is said about it.
 SIZE_KEYS = ("d_model", "d_ff", "num_layers", "num_decoder_layers", "num_heads", "dropout")
 _SEQ2SEQ_BUILTIN = ("tiny-t5", "minilm2bert", "transformer")
 _ENCODER_BUILTIN = ("minilm", "tiny-bert")
+_CAUSAL_BUILTIN = ("tiny-llama",)
 
 
 def default_name(kind: str | None) -> str | None:
-    """The model a built-in kind builds when `model.name` is None (seq2seq: tiny-t5, encoder: minilm)."""
-    return {"seq2seq": "tiny-t5", "encoder": "minilm"}.get(kind or "")
+    """The model a built-in kind builds when `model.name` is None (seq2seq: tiny-t5, encoder: minilm,
+    causal: tiny-llama)."""
+    return {"seq2seq": "tiny-t5", "encoder": "minilm", "causal": "tiny-llama"}.get(kind or "")
+
+
+def unsupported(cfg: ModelConfig, kind: str | None, name: str | None) -> str | None:
+    """One line naming the first of `cfg`'s memory options (gradient checkpointing, 4-bit weights) that
+    the built-in model kind/name cannot honour; None when it can (a user's own kind reads what it reads)."""
+    name = name if name is not None else default_name(kind)
+    if cfg.gradient_checkpointing and kind == "encoder":
+        return "model.gradient_checkpointing: not supported for model.kind = \"encoder\" (only causal and seq2seq models have it)"
+    if cfg.quantization == "4bit":
+        if kind in ("seq2seq", "encoder"):
+            return f'model.quantization = "4bit": only for model.kind = "causal", not {kind!r}'
+        if kind in ("causal", None) and name in _CAUSAL_BUILTIN:
+            return (f'model.quantization = "4bit": model {name!r} is trained here from scratch, there are no '
+                    'pretrained weights to quantise; 4-bit is for a local checkpoint folder (model.name)')
+    return None
+
+
+def refuse_unsupported(cfg: ModelConfig, kind: str) -> None:
+    """`unsupported` as a ConfigError, for a builder that learns its kind only after validation (the
+    task's default)."""
+    refusal = unsupported(cfg, kind, cfg.name)
+    if refusal:
+        raise ConfigError(refusal)
 
 
 def unread_sizes(kind: str | None, name: str | None) -> tuple[tuple[str, ...], str]:
@@ -118,14 +165,20 @@ def unread_sizes(kind: str | None, name: str | None) -> tuple[tuple[str, ...], s
         if name == "minilm":
             return SIZE_KEYS, "the pretrained MiniLM-L6 is loaded with its own sizes"
         return SIZE_KEYS, "a local checkpoint folder is loaded unchanged (its own sizes)"
+    elif kind == "causal":
+        if name in _CAUSAL_BUILTIN:
+            return ("num_decoder_layers",), "a decoder-only model's depth is num_layers"
+        return SIZE_KEYS, "a local checkpoint folder is loaded unchanged (its own sizes)"
     return (), ""
 
 
 def reads_task_tokenizer(kind: str | None, name: str | None) -> bool:
     """Whether the model kind/name builds over the task's own tokenizer: of the built-in models only
-    seq2seq `transformer` does (tiny-t5 and minilm2bert use MiniLM's, a local checkpoint its own, an
-    encoder never asks); a user's own kind is given it, so it may."""
+    seq2seq `transformer` and causal `tiny-llama` do (tiny-t5 and minilm2bert use MiniLM's, a local
+    checkpoint its own, an encoder never asks); a user's own kind is given it, so it may."""
     name = name if name is not None else default_name(kind)
     if kind == "seq2seq":
         return name == "transformer"
+    if kind == "causal":
+        return name in _CAUSAL_BUILTIN
     return kind != "encoder"

@@ -180,9 +180,10 @@ def _value(source: SourceSettings, role: str, raw: Any, where: str, what: str) -
     if isinstance(raw, list):
         if role not in source.ROLES.lists:
             return None, f"{what} ({role}) is a list; expected one text"
-        items = [_scalar(x) for x in raw]
+        objects = role in source.ROLES.objects
+        items = [_object(x) if objects else _scalar(x) for x in raw]
         if any(x is None for x in items):
-            return None, f"{what} ({role}) holds an item that is not text or a number"
+            return None, f"{what} ({role}) holds an item that is not {'an object' if objects else 'text or a number'}"
         if required and not items:
             return None, f"{what} ({role}) is an empty list"
         items = [x.strip() for x in items]
@@ -204,6 +205,11 @@ def _scalar(x: Any) -> str | None:
     if isinstance(x, (str, int, float)):
         return str(x)
     return None
+
+
+def _object(x: Any) -> str | None:
+    """A JSON object item as its JSON text (keys sorted: equal objects, equal text)."""
+    return json.dumps(x, ensure_ascii=False, sort_keys=True) if isinstance(x, dict) else None
 
 
 def _row(source: SourceSettings, where: str, get) -> tuple[Row | None, Problem | None]:

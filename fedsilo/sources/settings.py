@@ -37,12 +37,15 @@ class Roles:
     """What a task family's examples are made of: `required` roles every row has, `optional` ones
     (e.g. a second reference), `key` the role grouping rows (duplicates, splits, overlap) by default,
     and `lists` the roles a JSONL row may hold as a list (a ranking row's candidates and labels);
-    `aliases`: column names `fedsilo init` takes for a role (besides the role's own name)."""
+    `aliases`: column names `fedsilo init` takes for a role (besides the role's own name); `objects`:
+    list roles whose items are JSON objects (chat messages), each read as its JSON text, so a row
+    stays text that splits, duplicates and fingerprints compare, and the family parses it."""
     required: tuple[str, ...]
     optional: tuple[str, ...] = ()
     key: str = ""
     lists: tuple[str, ...] = ()
     aliases: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    objects: tuple[str, ...] = ()
 
     def names_for(self, role: str) -> tuple[str, ...]:
         return (role, *dict(self.aliases).get(role, ()))

@@ -31,6 +31,7 @@ from fedsilo.fileio import atomic_write_bytes
 
 Row = dict[str, torch.Tensor]  # field → 1-D tensor of one example (ids, or per-token values)
 FORMAT = 1  # bump when the file layout or a task's row fields change meaning
+IGNORE = -100  # cross-entropy's ignore_index: in a `labels` row, a token the loss skips
 
 
 @runtime_checkable
@@ -118,7 +119,8 @@ def _from_file(path: Path, vocab: int | None = None) -> list[Row]:
         if len(offsets[k]) != n + 1 or offsets[k][0] != 0 or offsets[k][-1] != t.shape[0] or \
                 any(a > b for a, b in zip(offsets[k], offsets[k][1:])):
             raise ValueError(f"its {k!r} offsets do not cut {n} rows")
-        if vocab is not None and not t.is_floating_point() and t.numel() and (t.min() < 0 or t.max() >= vocab):
+        ids = t[t != IGNORE] if k == "labels" else t  # a label row may skip tokens (a completion-only loss)
+        if vocab is not None and not ids.is_floating_point() and ids.numel() and (ids.min() < 0 or ids.max() >= vocab):
             raise ValueError(f"its {k!r} holds ids outside the tokenizer's vocabulary (0..{vocab - 1})")
     return [{k: flat[k][offsets[k][i]:offsets[k][i + 1]] for k in fields} for i in range(n)]
 

@@ -1,0 +1,96 @@
+"""What a decoder is scored by: response loss, multiple-choice log-likelihood, greedy answers and
+GSM8K's final number.
+
+Multiple choice is scored as lm-evaluation-harness scores it: the summed log-probability of each
+option's tokens given the prompt, the prediction the option with the largest sum (unnormalised
+`acc`). The tokens differ in one respect: lm-eval encodes context + continuation as one string and
+splits the ids at the context's length (`_encode_pair`), so a merge across the boundary goes to the
+continuation; here the options are tokenised alone (no special tokens) and appended to the prompt
+ids, exactly as training renders a response after its prompt (`template.render`).
+
+GSM8K follows lm-eval's "strict-match": the number after "#### " (regex `#### (\\-?[0-9\\.\\,]+)`),
+commas removed and a trailing "." dropped. lm-eval takes the first such match, here the last: a
+model that corrects itself ends with its final answer. On the gold answers, which hold one, both agree.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+import torch
+
+from fedsilo.tasks.tokens import pad_rows
+
+__all__ = ["token_nll", "response_nll", "options_ids", "option_loglikelihoods", "greedy_generate",
+           "extract_final_number", "same_number"]
+
+FINAL_NUMBER = re.compile(r"#### (\-?[0-9\.\,]+)")
+
+
+def token_nll(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Causal cross-entropy [b, L-1] in float32: logits[:, :-1] predict labels[:, 1:]; 0 at -100."""
+    return torch.nn.functional.cross_entropy(logits[:, :-1].float().transpose(1, 2), labels[:, 1:],
+                                             ignore_index=-100, reduction="none")
+
+
+def response_nll(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's summed response-token NLL [b] and its count of scored tokens [b] (a packed row
+    holds several examples: the sums over rows are what stays exact)."""
+    labels = batch["labels"]
+    logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+    return token_nll(logits, labels).sum(1), (labels[:, 1:] != -100).sum(1)
+
+
+def options_ids(tokenizer: Any, options: Sequence[str]) -> list[list[int]]:
+    """Each option as it follows a prompt: tokenised alone, without special tokens."""
+    return [list(tokenizer(option, add_special_tokens=False)["input_ids"]) for option in options]
+
+
+@torch.no_grad()
+def option_loglikelihoods(model: torch.nn.Module, prompt_ids: list[int], options_ids: list[list[int]]) -> list[float]:
+    """log P(option | prompt) for each option, summed over its tokens; one batched forward."""
+    if not prompt_ids or not all(options_ids):
+        raise ValueError("multiple-choice scoring needs a non-empty prompt and non-empty options")
+    rows = [torch.tensor(prompt_ids + option) for option in options_ids]
+    labels = pad_rows([torch.tensor([-100] * len(prompt_ids) + option) for option in options_ids], -100)
+    ids = pad_rows(rows, 0)
+    mask = (labels != -100) | (torch.arange(ids.shape[1]) < len(prompt_ids))
+    logits = model(input_ids=ids.to(model.device), attention_mask=mask.long().to(model.device)).logits
+    return (-token_nll(logits, labels.to(model.device)).sum(1)).tolist()
+
+
+@torch.no_grad()
+def greedy_generate(model: Any, prompts: list[list[int]], max_new_tokens: int, eos_id: int,
+                    pad_id: int) -> list[list[int]]:
+    """Greedy continuations, batched with left padding: each without its prompt, cut before its
+    first EOS."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device), do_sample=False,
+                         max_new_tokens=max_new_tokens, eos_token_id=eos_id, pad_token_id=pad_id)
+    answers = []
+    for row in out[:, width:].tolist():
+        answers.append(row[:row.index(eos_id)] if eos_id in row else row)
+    return answers
+
+
+def extract_final_number(text: str) -> str | None:
+    """The number after the last "#### ", commas removed and a trailing "." dropped; None if none."""
+    found = FINAL_NUMBER.findall(text)
+    if not found:
+        return None
+    number = found[-1].replace(",", "")
+    return number[:-1] if number.endswith(".") else number
+
+
+def same_number(predicted: str | None, gold: str | None) -> bool:
+    """Numeric equality ("72" == "72.0"); a missing or unreadable number equals nothing."""
+    if predicted is None or gold is None:
+        return False
+    try:
+        return Decimal(predicted) == Decimal(gold)
+    except InvalidOperation:
+        return False

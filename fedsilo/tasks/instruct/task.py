@@ -1,0 +1,239 @@
+"""Instruction tuning as a fedsilo task (the `Task` contract of fedsilo.tasks.base): one silo per
+institution, each record rendered by the model tokenizer's chat template (or the plain template) and
+trained with the completion-only loss. Knows nothing of federation.
+
+A row is one silo. Its stats are additive (see `metrics`): the response tokens' summed cross-entropy
+and count for every silo; GSM8K's exact matches after greedy generation; multiple-choice hits by
+log-likelihood. Records longer than `task.max_length` are cut at the end, counted and said once per
+silo and split (a record cut before its response trains nothing, and is counted apart).
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+
+from fedsilo.datafetch import default_data_root
+from fedsilo.errors import ConfigWarning, DataError
+from fedsilo.sources.check import Lengths
+from fedsilo.tasks.base import NONFINITE, fixed_subsample, item_row, without_items
+from fedsilo.tasks.tokens import RowMemo, sorted_batches
+
+from .data import load_silo
+from .metrics import SPEC
+from .packing import pack, require_packable, unpacked
+from .plugin import InstructSettings
+from .records import Record
+from .scoring import (extract_final_number, greedy_generate, option_loglikelihoods, options_ids, same_number,
+                      token_nll)
+from .template import prompt_ids, render, use_chat
+
+__all__ = ["InstructTask", "PackedInstructTask", "build_task", "task_tokenizer"]
+
+SPLITS = ("train", "dev", "test")
+
+
+def task_tokenizer(settings: InstructSettings, data_dir: Path | None):
+    """The built-in decoder's byte-level BPE, fitted on `tokenizer_silo`'s training text only (public
+    text no silo owns, never pooled client text) and cached by content."""
+    from .tokenizer import load_or_fit
+
+    def texts() -> list[str]:
+        records = load_silo(settings, settings.tokenizer_silo, data_dir)["train"]
+        return [t for r in records for t in (*(c for _, c in r.turns), r.response)]
+
+    return load_or_fit(texts, {"silo": settings.tokenizer_silo}, default_data_root() / "prepared" / "instruct" /
+                       "tokenizers", settings.vocab_size)
+
+
+def build_task(settings: InstructSettings, tokenizer, data_dir):
+    """The task; packed training batches give no per-example losses (DP-SGD clips examples), so a
+    packed task is a class without them, and DP-SGD refuses it by that ability."""
+    return (PackedInstructTask if settings.packing else InstructTask)(settings, tokenizer, data_dir)
+
+
+class _Instruct:
+    name = "instruct"
+    spec = SPEC
+
+    def __init__(self, settings: InstructSettings, tokenizer, data_dir: str | Path | None) -> None:
+        self.settings, self.tokenizer = settings, tokenizer
+        self.data_dir = Path(data_dir) if data_dir is not None else None
+        self.display = settings.display_names()
+        self.chat = use_chat(tokenizer, settings.template)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.eos_id = tokenizer.eos_token_id
+        self.splits: dict[str, dict[str, list[Record]]] = {}
+        for silo in settings.silos:
+            raw = load_silo(settings, silo, self.data_dir)
+            empty = [s for s in SPLITS if not raw[s]]
+            if empty:
+                where = settings.own_source(silo).path if settings.own_source(silo) else self.data_dir
+                raise DataError(f"{where}: instruct silo {silo} has no {' / '.join(empty)} records")
+            self.splits[silo] = {
+                "train": fixed_subsample(raw["train"], settings.max_train, f"{silo}/train"),
+                "dev": fixed_subsample(raw["dev"], settings.max_eval, f"{silo}/dev"),
+                "test": fixed_subsample(raw["test"], settings.max_eval, f"{silo}/test"),
+            }
+        self.rows = RowMemo(self)
+        self._said: set[tuple] = set()
+
+    # ---- the Task contract ---------------------------------------------------------------
+
+    @property
+    def clients(self) -> list[str]:
+        return list(self.settings.silos)
+
+    def examples(self, client: str, split: str) -> list[Record]:
+        return self.splits[client][split]
+
+    def collate(self, batch: Sequence[Record]) -> dict[str, torch.Tensor]:
+        return self.pad(self.tokenize(batch))
+
+    def loss(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The completion-only loss: mean cross-entropy over the batch's response tokens."""
+        nll = self._nll(model, batch)
+        return {"task": nll.sum() / (batch["labels"][:, 1:] != -100).sum().clamp(min=1)}
+
+    # ---- tokenise once (fedsilo.tasks.tokens) ---------------------------------------------
+
+    def tokenize(self, records: Sequence[Record]) -> list[dict[str, torch.Tensor]]:
+        rendered = [self._render(r) for r in records]
+        self._say_cut(records, rendered)
+        return [{"input_ids": torch.tensor(r.input_ids), "labels": torch.tensor(r.labels)} for r in rendered]
+
+    def _render(self, record: Record):
+        return render(record, self.tokenizer, self.chat, self.settings.max_length, self.settings.truncation)
+
+    def pad(self, rows: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        return unpacked(rows, self.pad_id)
+
+    def token_settings(self) -> dict:
+        return {"max_length": self.settings.max_length, "chat": self.chat, "truncation": self.settings.truncation}
+
+    def length_checks(self, client: str) -> list:
+        """Each record's prompt + response tokens, uncut, against task.max_length."""
+        records = [r for split in SPLITS for r in self.examples(client, split)]
+        lengths = tuple(self._render(r).full_length for r in records)
+        return [Lengths("prompt + response tokens", "task.max_length", self.settings.max_length, lengths)]
+
+    def _say_cut(self, records: Sequence[Record], rendered) -> None:
+        """Truncation is reported, never silent: once per silo and split, how many records were cut."""
+        cut = [r for r in rendered if r.truncated]
+        if not cut:
+            return
+        where = self._where(records)
+        if where in self._said:
+            return
+        self._said.add(where)
+        lost = sum(1 for r in cut if not r.trains)
+        how = "at the end" if self.settings.truncation == "end" else "at the prompt's start"
+        message = (f"instruct: {where[0]} {where[1]}: {len(cut)} of {len(records)} records are longer than "
+                   f"task.max_length = {self.settings.max_length} tokens and were cut {how} (task.truncation)")
+        if lost:
+            message += f"; {lost} lost their whole response and train nothing"
+        warnings.warn(ConfigWarning(message), stacklevel=3)
+
+    def _where(self, records: Sequence[Record]) -> tuple[str, str]:
+        for silo, splits in self.splits.items():
+            for split, held in splits.items():
+                if records and held and held[0] is records[0]:
+                    return silo, split
+        return "a silo", "batch"
+
+    # ---- losses ---------------------------------------------------------------------------
+
+    def _nll(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        return token_nll(model(**inputs).logits, batch["labels"])
+
+    # ---- evaluation -----------------------------------------------------------------------
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module, client: str, split: str, progress=None,
+                 final: bool = False) -> list[dict]:
+        return without_items(self.evaluate_items(model, client, split, progress, final))
+
+    @torch.no_grad()
+    def evaluate_items(self, model: torch.nn.Module, client: str, split: str, progress=None,
+                       final: bool = False) -> list[dict]:
+        """One row of the silo's `split` with each record's stats (see `metrics`)."""
+        records = self.examples(client, split)
+        rows = self.rows((client, split), records)
+        items: list[dict] = [{} for _ in records]
+        was_training = model.training
+        model.eval()
+        device = next(model.parameters()).device
+        try:
+            for idx in sorted_batches([len(r["input_ids"]) for r in rows], self.settings.eval_batch_size):
+                batch = {k: v.to(device) for k, v in unpacked([rows[i] for i in idx], self.pad_id).items()}
+                nll = self._nll(model, batch)
+                counts = (batch["labels"][:, 1:] != -100).sum(1)
+                for i, s, n in zip(idx, nll.sum(1).tolist(), counts.tolist()):
+                    full = len(rows[i]["input_ids"]) >= self.settings.max_length  # only then can it be cut
+                    cut = full and self._render(records[i]).truncated
+                    items[i] = {"loss_sum": s, "loss_n": float(n), "cut": float(cut)} if math.isfinite(s) \
+                        else {NONFINITE: 1.0}
+                if progress is not None:
+                    progress.advance(len(idx))
+            self._score_choices(model, records, items)
+            if final or self.settings.generate_on == "all":
+                self._score_answers(model, records, items, device)
+        finally:
+            model.train(was_training)
+        return [item_row(client, self.name, [[list(r.turns), r.response] for r in records], items)]
+
+    def _prompt(self, record: Record, room: int) -> list[int]:
+        """The prompt's last `room` tokens (at least one): a long context is cut at its start, as
+        lm-evaluation-harness cuts a context to leave room for the continuation it scores or generates."""
+        ids = prompt_ids(record, self.tokenizer, self.chat)
+        return ids[-max(1, room):]
+
+    def _score_choices(self, model, records: Sequence[Record], items: list[dict]) -> None:
+        """Multiple choice as lm-evaluation-harness's acc: the option of largest log-likelihood."""
+        for record, stats in zip(records, items):
+            if not record.options or NONFINITE in stats:
+                continue
+            options = options_ids(self.tokenizer, record.options)
+            room = self.settings.max_length - max(map(len, options))
+            scores = option_loglikelihoods(model, self._prompt(record, room), options)
+            best = max(range(len(scores)), key=lambda k: scores[k])
+            stats.update({"mc_hit": float(best == record.label), "mc_n": 1.0})
+
+    def _score_answers(self, model, records: Sequence[Record], items: list[dict], device) -> None:
+        """GSM8K: greedy generation, then the final number after "####" against the gold one."""
+        asked = [i for i, r in enumerate(records) if r.answer is not None and NONFINITE not in items[i]]
+        size = self.settings.eval_batch_size
+        for start in range(0, len(asked), size):
+            chunk = asked[start:start + size]
+            room = self.settings.max_length - self.settings.max_new_tokens
+            outputs = greedy_generate(model, [self._prompt(records[i], room) for i in chunk],
+                                      self.settings.max_new_tokens, self.eos_id, self.pad_id)
+            for i, ids in zip(chunk, outputs):
+                predicted = extract_final_number(self.tokenizer.decode(ids, skip_special_tokens=True))
+                items[i].update({"em_hit": float(same_number(predicted, records[i].answer)), "em_n": 1.0})
+
+
+class PackedInstructTask(_Instruct):
+    """Training batches packed into sequences of `task.max_length` (evaluation stays unpacked)."""
+    no_example_losses = ": task.packing = true puts several records in one row; set it false for DP-SGD"
+
+    def pad(self, rows: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        return pack(rows, self.settings.max_length, self.pad_id)
+
+    def loss(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        require_packable(model)  # a packed batch needs an attention that reads its block-diagonal mask
+        return super().loss(model, batch)
+
+
+class InstructTask(_Instruct):
+    """Unpacked batches: each row is one record, so each record's loss depends on it alone (DP-SGD)."""
+    rows_per_example = 1
+
+    def example_losses(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Each record's mean response-token cross-entropy [batch]."""
+        nll = self._nll(model, batch)
+        return nll.sum(1) / (batch["labels"][:, 1:] != -100).sum(1).clamp(min=1)
