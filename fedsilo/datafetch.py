@@ -18,6 +18,7 @@ import sys
 import tempfile
 import urllib.request
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -92,8 +93,9 @@ def find_mirror() -> Path | None:
 
 
 def ensure(task: str, dest: Path, mirror: Path | None = None, manifest: Path | None = None,
-           progress: bool = True) -> Path:
-    """Make every file of ``task``'s manifest present and verified under ``dest``; return ``dest``.
+           progress: bool = True, only: Iterable[str] | None = None) -> Path:
+    """Make every file of ``task``'s manifest (or those of its paths in ``only``) present and verified
+    under ``dest``; return ``dest``.
 
     ``mirror`` is a data root laid out like ``default_data_root()`` (files at
     ``<mirror>/<task>/<path>``); a folder holding the files directly also works.
@@ -102,7 +104,10 @@ def ensure(task: str, dest: Path, mirror: Path | None = None, manifest: Path | N
     manifest = Path(manifest) if manifest else _TASKS_DIR / task / "sources.tsv"
     mirror = Path(mirror) if mirror else find_mirror()
     announced = False
+    wanted = None if only is None else set(only)
     for src in read_manifest(manifest):
+        if wanted is not None and src.path not in wanted:
+            continue
         target = dest / src.path
         if _is_verified(target, src):
             continue

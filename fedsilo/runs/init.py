@@ -207,7 +207,8 @@ def guess_silo(path: Path, roles, task: str, base: Path) -> Guess:
         used = {n.path for ns in lines.values() for n in ns if n.lines_name in _used_lines(g)}
         return _name_unused(g, names, used, path, set(lines))
     if tables:
-        return _name_unused(g, names, _tables_guess(g, path, tables, roles, rel), path)
+        chat = "chat" in TASKS.entry(task).settings.SOURCE.model_fields  # rows may be chat conversations
+        return _name_unused(g, names, _tables_guess(g, path, tables, roles, rel, chat), path)
     g.entry["path"] = rel(path)
     g.decide.append(f"no .csv, .tsv or .jsonl file, nor line-aligned files (train.de + train.en: format \"lines\"), "
                     f"found in {path} (each may be gzip-compressed, .gz): set path, format and fields")
@@ -229,7 +230,9 @@ def _silo_files(g: Guess, folder: Path) -> list[Path]:
     return out
 
 
-def _tables_guess(g: Guess, path: Path, tables: list[FileName], roles, rel) -> set[Path]:
+def _tables_guess(g: Guess, path: Path, tables: list[FileName], roles, rel, chat: bool = False) -> set[Path]:
+    """`chat`: the family reads chat conversations (a JSONL key holding a list of {role, content}
+    messages), which a source says with `chat = true`."""
     stems = {}
     for n in tables:
         stems.setdefault(n.stem, n)  # train.csv before train.csv.gz, by name
@@ -260,8 +263,16 @@ def _tables_guess(g: Guess, path: Path, tables: list[FileName], roles, rel) -> s
         g.entry["split"] = {"dev": 0.1, "test": 0.1, "seed": 0}
         g.comments["split"] = f"one file: 10% dev, 10% test, grouped by {roles.key} (no {roles.key} in two splits)"
         used = {sample}
-    columns = _columns(sample, g.entry["format"])
-    _map_fields(g, roles, columns, sample)
+    messages = _messages_key(sample) if chat and g.entry["format"] == "jsonl" else None
+    if messages is None:
+        _map_fields(g, roles, _columns(sample, g.entry["format"]), sample)
+        return used
+    g.entry["chat"] = True
+    g.comments["chat"] = (f"rows are chat conversations ({messages!r}: a list of {{role, content}} messages); the "
+                          "last message is the assistant's response, the loss covers it")
+    if messages != "messages":
+        g.entry["fields"] = {"messages": messages}
+    g.comments["split"] = g.comments["split"].replace(roles.key, "conversation")
     return used
 
 
@@ -356,26 +367,40 @@ def _lines_guess(g: Guess, path: Path, stems: dict[str, list[FileName]], roles, 
     return g
 
 
-def _columns(path: Path, fmt: str) -> list[str]:
-    """The header's columns (csv/tsv) or the first JSON object's keys (jsonl); [] when unreadable."""
+def _head(path: Path) -> str:
+    """The file's first 64 KiB as text (through gzip); "" when unreadable."""
     try:
         with open(path, "rb") as f:
             packed = f.read(2) == GZIP_MAGIC
         with (gzip.open if packed else open)(path, "rb") as f:
-            head = f.read(1 << 16).decode("utf-8-sig", errors="replace")
+            return f.read(1 << 16).decode("utf-8-sig", errors="replace")
     except (OSError, EOFError):
-        return []
+        return ""
+
+
+def _first_object(path: Path) -> dict:
+    """The first line of a JSONL file as a JSON object; {} when it is none."""
+    line = next((line for line in _head(path).splitlines() if line.strip()), "")
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError:
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
+def _columns(path: Path, fmt: str) -> list[str]:
+    """The header's columns (csv/tsv) or the first JSON object's keys (jsonl); [] when unreadable."""
     if fmt == "jsonl":
-        for line in head.splitlines():
-            if line.strip():
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError:
-                    return []
-                return list(obj) if isinstance(obj, dict) else []
-        return []
-    first = next(csv.reader(io.StringIO(head), delimiter="\t" if fmt == "tsv" else ","), [])
+        return list(_first_object(path))
+    first = next(csv.reader(io.StringIO(_head(path)), delimiter="\t" if fmt == "tsv" else ","), [])
     return [c.strip() for c in first]
+
+
+def _messages_key(path: Path) -> str | None:
+    """The key of the first JSON object holding a chat conversation: a non-empty list of objects that
+    each have a "role" (OpenAI's and Hugging Face's `messages`, or any other name); None when none does."""
+    return next((key for key, value in _first_object(path).items() if isinstance(value, list) and value
+                 and all(isinstance(m, dict) and "role" in m for m in value)), None)
 
 
 def _map_fields(g: Guess, roles, columns: list[str], sample: Path) -> None:

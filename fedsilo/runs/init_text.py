@@ -75,6 +75,20 @@ _TASK_LINES = {
     "matching": ["# negatives = 5          # BM25-mined wrong answers per question, for silos without labels"],
     "text2sql": ["# max_target_length = 128  # SQL tokens (+ EOS); `fedsilo data check` says how many fit"],
     "multitask": [],
+    "instruct": ["max_length = 512  # prompt + response tokens; longer records are cut (said in the run): "
+                 "`fedsilo data check` says how many",
+                 '# truncation = "prompt_start"  # cut a long prompt\'s start, not the end, so the response survives',
+                 'template = "auto"  # the tokenizer\'s chat template where it '
+                 'has one (a local checkpoint\'s), else the plain template (docs/instruct.md)',
+                 'tokenizer_silo = "news"  # the built-in tiny-llama\'s tokenizer is fitted on this public text '
+                 '(fetched once, into the data cache; FEDSILO_DATA_MIRROR: a local copy), never on your silos'],
+}
+
+_MODEL = {  # a task whose default model a user most often replaces with their own
+    "instruct": ["[model]  # the built-in tiny-llama, trained from scratch here; or a local AutoModelForCausalLM "
+                 "folder with its tokenizer:", 'kind = "causal"', '# name = "/models/SmolLM2-135M-Instruct"', "",
+                 "# [model.surgery]  # LoRA: only the adapters train and travel", '# name = "lora"',
+                 "# options = {rank = 8, alpha = 16}", ""],
 }
 
 
@@ -109,7 +123,7 @@ def render(task: str, data_dir: Path, guesses: list[Guess], unused: list[tuple[s
                        'rouge_l (generation), mcc')
         out.append("# display = \"...\"  # the silo's name in tables")
         out.append("")
-    out += ["[federation]", "rounds = 3", "", *_CLIENT.get(task, ["[client]"]), ""]
+    out += [*_MODEL.get(task, []), "[federation]", "rounds = 3", "", *_CLIENT.get(task, ["[client]"]), ""]
     return "\n".join(out)
 
 
@@ -122,6 +136,8 @@ _CLIENT = {
                     "lr = 1e-3", "batch_size = 32", "steps = 40  # optimiser steps per round"],
     "multitask": ["[client]  # as experiments/multitask/study.toml (minilm2bert)", 'optimizer = "adamw"',
                   "lr = 1e-4", "batch_size = 8", "epochs = 1"],
+    "instruct": ["[client]  # a start for the built-in tiny-llama on a CPU; tune lr on your dev split (the loss)",
+                 'optimizer = "adamw"', "lr = 1e-3", "batch_size = 8", "steps = 20  # optimiser steps per round"],
     "text2sql": ["[client]  # as experiments/lorar/small.toml (the Lorar paper: Adafactor)", 'optimizer = "adafactor"',
                  "lr = 3e-3", "epochs = 2", "batch_size = 8"],
 }

@@ -61,8 +61,10 @@ class Lengths:
         if not v:
             return f"{self.what}: none"
         p95 = v[min(len(v) - 1, int(0.95 * len(v)))]
+        cut = len(v) - self.fit
         return (f"{self.what}: median {statistics.median(v):g}, p95 {p95}, max {v[-1]}; {self.fit}/{len(v)} "
-                f"({100 * self.fit / len(v):.1f}%) of the run's texts fit {self.setting} = {self.limit}")
+                f"({100 * self.fit / len(v):.1f}%) of the run's texts fit {self.setting} = {self.limit}"
+                + (f"; {cut} longer would be cut to it" if cut else ""))
 
 
 @dataclass

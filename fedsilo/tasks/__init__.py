@@ -174,6 +174,9 @@ class TaskPlugin:
     # (settings, silo, data_dir) -> a `fedsilo.sources.check.SiloCheck` of that silo's data, every
     # malformed row listed (not refused); None: `fedsilo data check` counts the built task's examples
     inspect: Callable[[TaskSettings, str, Path | None], object] | None = None
+    # (settings) -> the manifest's paths (licences too) that `settings` reads, fetched into the cache
+    # when it has no `data_dir`; None: the whole manifest
+    fetch_files: Callable[[TaskSettings], list[str]] | None = None
 
     def data_dir(self, settings: TaskSettings) -> Path | None:
         """The task's verified data folder: `data_dir` as given (checked by `verify`), else fetched
@@ -189,7 +192,13 @@ class TaskPlugin:
             return path
         if self.data is None:
             return None
-        return ensure(self.data, default_data_root() / self.data)
+        try:
+            return ensure(self.data, default_data_root() / self.data,
+                          only=None if self.fetch_files is None else self.fetch_files(settings))
+        except DataError as err:
+            read = [s for s in settings.needed_silos() if settings.own_source(s) is None]
+            raise DataError(f"{err} (this config reads the {self.data} benchmark's silo(s) {', '.join(read)}: its "
+                            "silos and any public text its tokenizer is fitted on)") from None
 
 
 TASKS: Registry[TaskPlugin] = Registry("task")
