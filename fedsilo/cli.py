@@ -42,7 +42,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
                    help="print fedsilo's version and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                           help="run, study, deploy, report, export, compare, init, keys, ledger or data "
+                           help="run, study, deploy, report, export, generate, compare, init, keys, ledger or data "
                                 "(COMMAND --help for its options)")
 
     def common(sp: argparse.ArgumentParser) -> None:
@@ -85,14 +85,30 @@ def parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="(re)write report.md and plots of a run directory")
     rep.add_argument("run_dir", help="a run directory (holding rounds.jsonl), e.g. runs/lorar-small")
     rep.set_defaults(func=commands.cmd_report)
-    exp = sub.add_parser("export", help="write a LoRA run's adapters in peft's format (adapter_config.json + "
-                                        "adapter_model.safetensors), global or one silo's own")
-    exp.add_argument("run_dir", help="a run directory of a config with the lora surgery")
+    exp = sub.add_parser("export", help="write a run's best model in Hugging Face's formats: a LoRA run's adapters "
+                                        "for peft (adapter_config.json + adapter_model.safetensors + the tokenizer), "
+                                        "or with --merged one full model; global or one silo's own")
+    exp.add_argument("run_dir", help="a run directory")
     exp.add_argument("--out", required=True, help="the folder to write")
-    exp.add_argument("--silo", help="export this silo's personal adapters (its private tensors over the global ones)")
+    exp.add_argument("--silo", help="export this silo's personal model (its private tensors over the global ones)")
     exp.add_argument("--with-base", action="store_true", help="also save the base model (DIR/base) the adapters "
                                                               "load onto")
+    exp.add_argument("--merged", action="store_true",
+                     help="the adapters merged into the base (peft's merge_and_unload): one model + tokenizer that "
+                          "transformers loads without peft; implied for a run without the lora surgery (full "
+                          "fine-tuning), whose whole model is exported")
     exp.set_defaults(func=commands.cmd_export)
+    gen = sub.add_parser("generate", help="greedy-decode an answer with a causal run's best model (instruct task): "
+                                          "the prompt rendered as the run's task renders a record")
+    gen.add_argument("run_dir", help="a run directory of a config with model.kind = \"causal\"")
+    said = gen.add_mutually_exclusive_group(required=True)
+    said.add_argument("--prompt", help="the instruction (one user turn)")
+    said.add_argument("--prompt-file", metavar="FILE", help="read the instruction from FILE ('-': standard input)")
+    gen.add_argument("--system", default="", help="a system turn before the instruction")
+    gen.add_argument("--silo", help="use this silo's personal model (its private tensors over the global ones)")
+    gen.add_argument("--max-new-tokens", type=int, metavar="N",
+                     help="at most N new tokens (default: the run's task.max_new_tokens)")
+    gen.set_defaults(func=commands.cmd_generate)
     cmp = sub.add_parser("compare", help="task-by-task improvement of a run over a baseline run: PIR, APIR, "
                                          "Win/Lose/Tie (the FewFedWeight paper's metrics)")
     cmp.add_argument("run", help="a finished run directory")
@@ -106,7 +122,8 @@ def parser() -> argparse.ArgumentParser:
     ini.add_argument("data_dir", help="a folder holding one sub-folder or file per silo (CSV, TSV, JSONL, or "
                                       "line-aligned files such as train.de / train.en: format lines; any of them "
                                       "may be .gz), or one silo's own folder of split files")
-    ini.add_argument("--task", required=True, help="the task family: translation, matching, text2sql, multitask")
+    ini.add_argument("--task", required=True,
+                     help="the task family: translation, matching, text2sql, multitask, instruct")
     ini.add_argument("--out", default="fedsilo.toml", help="the config to write (default: fedsilo.toml)")
     ini.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     ini.set_defaults(func=commands.cmd_init)

@@ -167,13 +167,33 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from fedsilo.runs.export import export_adapters
+    from fedsilo.runs.export import export_run
 
-    out, personal = export_adapters(Path(args.run_dir), Path(args.out), args.silo, args.with_base)
+    out, personal, form = export_run(Path(args.run_dir), Path(args.out), args.silo, args.with_base, args.merged)
     if args.silo is not None:
         print(f"{args.silo}: {len(personal)} of its own tensors over the global ones" if personal else
-              f"{args.silo} keeps no tensors of its own (exchange.private is empty): these are the global adapters")
-    print(f"adapters: {out} (load with peft.PeftModel.from_pretrained(base_model, {str(out)!r}))")
+              f"{args.silo} keeps no tensors of its own (exchange.private is empty): this is the global model")
+    if form == "adapters":
+        print(f"adapters: {out} (load with peft.PeftModel.from_pretrained(base_model, {str(out)!r}))")
+    else:
+        what = "the adapters merged into the base" if form == "merged" else "the whole model (full fine-tuning)"
+        print(f"model: {out}, {what} (load with transformers' AutoModel… .from_pretrained({str(out)!r}))")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from fedsilo.runs.generate import generate
+
+    if args.prompt is not None:
+        prompt = args.prompt
+    elif args.prompt_file == "-":
+        prompt = sys.stdin.read()
+    else:
+        try:
+            prompt = Path(args.prompt_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise UserError(f"--prompt-file: cannot read {args.prompt_file}: {err}") from None
+    print(generate(Path(args.run_dir), prompt, args.silo, args.max_new_tokens, args.system))
     return 0
 
 

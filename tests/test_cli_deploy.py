@@ -51,7 +51,7 @@ def test_every_argument_of_every_command_has_help():
                 for choice in action._choices_actions:
                     assert choice.help, f"{name} {choice.dest}: no help text"
     assert {n for n, _ in seen} == {"fedsilo", "fedsilo run", "fedsilo deploy", "fedsilo report", "fedsilo data",
-                                    "fedsilo study", "fedsilo compare", "fedsilo init", "fedsilo export",
+                                    "fedsilo study", "fedsilo compare", "fedsilo init", "fedsilo export", "fedsilo generate",
                                     "fedsilo keys", "fedsilo keys new", "fedsilo keys roster", "fedsilo ledger",
                                     "fedsilo ledger show", "fedsilo ledger reset"}
     assert ("fedsilo deploy", "--no-progress") in seen and ("fedsilo deploy", "--workdir") in seen

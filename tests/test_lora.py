@@ -364,13 +364,20 @@ def test_the_exported_adapters_load_with_peft_and_score_as_fedsilo(tmp_path, agg
     assert float((ours - plain).abs().max()) > 1e-4  # the adapters change the scores: the check can fail
 
 
-def test_export_of_a_run_without_lora_is_one_clear_error(tmp_path, capsys):
+def test_export_of_a_run_without_lora_is_its_whole_model_and_no_adapters(tmp_path, capsys):
+    from transformers import AutoModelForSequenceClassification
+
     from fedsilo.cli import main
+    from fedsilo.runs.export import export_adapters
 
     run_experiment(toy_config(model=SMALL, federation={"rounds": 1}), tmp_path / "run", show_progress=False)
-    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "x")]) != 0
-    err = capsys.readouterr().err
-    assert "has no lora surgery" in err and "Traceback" not in err
+    with pytest.raises(ConfigError, match="has no lora surgery"):
+        export_adapters(tmp_path / "run", tmp_path / "adapter")
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "x")]) == 0  # --merged implied
+    assert "whole model" in capsys.readouterr().out
+    exported = dict(AutoModelForSequenceClassification.from_pretrained(str(tmp_path / "x")).named_parameters())
+    for name, t in torch.load(tmp_path / "run" / "best.pt", weights_only=True)["server"]["params"].items():
+        assert torch.equal(exported[name], t), name
 
 
 def test_lora_on_flower_simulation_equals_in_process(tmp_path, monkeypatch):

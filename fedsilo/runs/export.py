@@ -1,34 +1,91 @@
-"""`fedsilo export RUN --out DIR`: a LoRA run's adapters in peft's own format (`adapter_config.json` +
-`adapter_model.safetensors`), which `peft.PeftModel.from_pretrained(base, DIR)` loads onto the base
-model unchanged; `--silo NAME`: that silo's personal adapters (its private tensors over the global
-ones).
+"""`fedsilo export RUN --out DIR`: a run's best model in Hugging Face's formats.
+
+- A LoRA run's adapters in peft's own format (`adapter_config.json` + `adapter_model.safetensors`),
+  which `peft.PeftModel.from_pretrained(base, DIR)` loads onto the base model unchanged; for a causal
+  model the config carries task_type "CAUSAL_LM", so `peft.AutoPeftModelForCausalLM.from_pretrained(DIR)`
+  loads it alone (the base from `base_model_name_or_path`, the tokenizer from DIR).
+- `--merged`: one full model (peft's merge_and_unload) + tokenizer, which transformers' Auto classes
+  load without peft. A run without the lora surgery (full fine-tuning) is always exported so.
+- `--silo NAME`: that silo's personal model (its private tensors over the global ones).
 
 The base is the model the run's config builds without the lora surgery (a pretrained checkpoint as it
-is on disk; a model trained from scratch from the run's seed). `--with-base` saves it too (under
-DIR/base, and the adapter config points to it). With the exact merge the adapters restart every round
+is on disk, then `base_model_name_or_path` is its folder; a model trained from scratch from the run's
+seed). `--with-base` saves it too (under DIR/base, and the adapter config points to it). A QLoRA run's
+base is its fp32 checkpoint: the export is the adapters over full-precision weights, as merging them
+into 4-bit weights would round the update away. With the exact merge the adapters restart every round
 and the federation's result is in the base weights: each merged ΔW = W − W₀ is written as a LoRA of
 its numerical rank (an SVD; scaling 1), so peft adds it back exactly (to float rounding). Tensors that
-are neither adapters nor the head (FedMatch patches) are not peft's: they go to DIR/fedsilo_extra.safetensors.
+are neither adapters nor the head (FedMatch patches) are not peft's: they go to DIR/fedsilo_extra.safetensors,
+and a full model cannot hold them (--merged refuses such a run).
+
+`load_trained` is what export and `fedsilo generate` share: best.pt, checked to be this run's, finite
+and shaped as the model, loaded into the model the run's config builds.
 """
 from __future__ import annotations
 
 import json
 import warnings
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from safetensors.torch import save_file
 
 from fedsilo.client.silo import federated_parameters, load_tensors, received_only
 from fedsilo.client.store import make_store
-from fedsilo.config import load_config
+from fedsilo.config import RunConfig, load_config
 from fedsilo.core.lora import LORA_AGGREGATIONS, pairs
 from fedsilo.errors import ConfigError, RunDirError
 from fedsilo.models.lora import LoraSettings, lora_settings
-from fedsilo.recipe import build_model, exchange_plan, store_root
+from fedsilo.recipe import build_model, exchange_plan, model_config, store_root
 from fedsilo.rundir.layout import RunDir, config_hash
 
+__all__ = ["Trained", "run_config", "load_trained", "export_run", "export_adapters", "export_model"]
+
 _PEFT = (".lora_", ".modules_to_save.")
+EXPORTED = "nothing exported"
+
+
+class Trained(NamedTuple):
+    """A run's best model as its config builds it, with best.pt's (and a silo's own) tensors in it."""
+    run: RunDir
+    cfg: RunConfig
+    state: dict            # best.pt
+    model: torch.nn.Module
+    tokenizer: object
+    personal: list[str]    # the silo's own tensors that replaced global ones
+
+
+def run_config(run_dir: str | Path) -> tuple[RunDir, RunConfig]:
+    run = RunDir(run_dir)
+    if not run.config.is_file():
+        raise ConfigError(f"{run.path}: no config.toml (not a run directory)")
+    return run, load_config(run.config)
+
+
+def load_trained(run_dir: str | Path, silo: str | None = None, fp32: bool = False,
+                 outcome: str = EXPORTED) -> Trained:
+    """The run's best model (`silo`'s personal one); `fp32`: without the config's quantization (the
+    export's base). Any check that fails raises one line ending in `outcome`."""
+    run, cfg = run_config(run_dir)
+    state = _best(run, cfg, outcome)
+    built = _fp32(cfg) if fp32 else cfg
+    model, tokenizer = build_model(built)
+    params = federated_parameters(model)
+    shared = {k: v for k, v in state["server"]["params"].items() if k in params}
+    _fits(shared, params, run.best, outcome)
+    load_tensors(model, shared)
+    personal: list[str] = []
+    if silo is not None:
+        own = {k: v for k, v in _silo_tensors(run, state, silo, outcome).items() if k in params}
+        _fits(own, params, run.path / "clients" / silo, outcome)
+        load_tensors(model, own)
+        personal = sorted(own)
+    return Trained(run, built, state, model, tokenizer, personal)
+
+
+def _fp32(cfg: RunConfig) -> RunConfig:
+    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"quantization": None})})
 
 
 def _without_lora(cfg):
@@ -48,7 +105,7 @@ def _run_id(run: RunDir) -> str | None:
     return found if isinstance(found, str) and found else None
 
 
-def _best(run: RunDir, cfg) -> dict:
+def _best(run: RunDir, cfg, outcome: str) -> dict:
     """best.pt, if it is this run's (its run id and config hash) and holds only finite tensors: an export
     carries no model that resume would refuse."""
     if not run.best.is_file():
@@ -63,36 +120,36 @@ def _best(run: RunDir, cfg) -> dict:
                           "checkpoint.pt")
     if state.get("run_id") != ours:
         raise RunDirError(f"{run.best} belongs to another run (run id {state.get('run_id')}, this run is {ours}); "
-                          "nothing exported")
+                          f"{outcome}")
     if state.get("config") != config_hash(cfg):
-        raise RunDirError(f"{run.best} was trained under another config than {run.config}; nothing exported")
-    _finite(state["server"]["params"], run.best)
+        raise RunDirError(f"{run.best} was trained under another config than {run.config}; {outcome}")
+    _finite(state["server"]["params"], run.best, outcome)
     return state
 
 
-def _finite(tensors: dict, source: Path) -> None:
+def _finite(tensors: dict, source: Path, outcome: str) -> None:
     """Every tensor a tensor and finite, else RunDirError naming `source` and the tensor."""
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
-            raise RunDirError(f"{source}: {name!r} is not a tensor; nothing exported")
+            raise RunDirError(f"{source}: {name!r} is not a tensor; {outcome}")
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             bad = int((~torch.isfinite(t)).sum())
-            raise RunDirError(f"{source}: tensor {name!r} holds {bad} NaN/Inf values; nothing exported")
+            raise RunDirError(f"{source}: tensor {name!r} holds {bad} NaN/Inf values; {outcome}")
 
 
-def _fits(tensors: dict, params: dict, source: Path) -> None:
+def _fits(tensors: dict, params: dict, source: Path, outcome: str) -> None:
     """Each tensor shaped as the model's (a best.pt of another model size is named, not a traceback)."""
     for name, t in tensors.items():
         if tuple(t.shape) != tuple(params[name].shape):
             raise RunDirError(f"{source}: tensor {name!r} has shape {tuple(t.shape)}, the model's is "
-                              f"{tuple(params[name].shape)}; nothing exported")
+                              f"{tuple(params[name].shape)}; {outcome}")
 
 
-def _silo_tensors(run: RunDir, state: dict, silo: str) -> dict[str, torch.Tensor]:
+def _silo_tensors(run: RunDir, state: dict, silo: str, outcome: str) -> dict[str, torch.Tensor]:
     """The silo's kept tensors at the best round (its private ones, or its whole model when it keeps one)."""
     clients = state.get("clients", {}).get("store")
     if clients is None or clients.get("kind") == "flower":
-        raise ConfigError(f"--silo {silo}: the run's silos kept their state on their own machines; export there")
+        raise ConfigError(f"--silo {silo}: the run's silos kept their state on their own machines; use it there")
     store = make_store(clients["kind"], store_root(run.path), run.run_id)
     store.load_state_dict(clients)
     kept = store.get(silo)
@@ -100,7 +157,7 @@ def _silo_tensors(run: RunDir, state: dict, silo: str) -> dict[str, torch.Tensor
         raise ConfigError(f"--silo {silo}: no state of {silo!r} in {run.path} (not a silo of this run, or it "
                           "never trained)")
     own = kept.slot("own")
-    _finite(own, store_root(run.path) / silo if clients["kind"] == "disk" else run.best)
+    _finite(own, store_root(run.path) / silo if clients["kind"] == "disk" else run.best, outcome)
     return own
 
 
@@ -117,52 +174,45 @@ def _merged_as_lora(model, base) -> dict[str, tuple[torch.Tensor, torch.Tensor]]
     return out
 
 
-def export_adapters(run_dir: str | Path, out: str | Path, silo: str | None = None,
-                    with_base: bool = False) -> tuple[Path, list[str]]:
-    """Write the run's (or `silo`'s) adapters to `out` in peft's format; returns (`out`, the silo's own
-    tensors that replaced global ones)."""
+def _local_checkpoint(cfg: RunConfig) -> str | None:
+    """The base's folder on disk, absolute, when the run's base is that checkpoint unchanged."""
+    mcfg = model_config(cfg)
+    if mcfg.name is None or mcfg.init_from:  # init_from's tensors replaced the checkpoint's
+        return None
+    path = Path(mcfg.name).expanduser()
+    return str(path.resolve()) if path.is_dir() else None
+
+
+class _Peft(NamedTuple):
+    model: torch.nn.Module          # a peft model over the base, holding the run's adapters and head
+    base: torch.nn.Module           # its base (peft's layers injected in place)
+    extra: dict[str, torch.Tensor]  # tensors peft does not know (FedMatch patches)
+    aggregation: str
+
+
+def _as_peft(trained: Trained, lora: LoraSettings, before_wrap=None) -> _Peft:
+    """The trained model as peft's own model over a fresh base; `before_wrap(base)` sees the base
+    before peft injects its layers into it."""
     from peft import LoraConfig, get_peft_model
 
-    run = RunDir(run_dir)
-    if not run.config.is_file():
-        raise ConfigError(f"{run.path}: no config.toml (not a run directory)")
-    cfg = load_config(run.config)
-    lora = lora_settings(cfg.model)
-    if lora is None:
-        raise ConfigError(f"{run.path}: the run has no lora surgery (model.surgery), so it has no adapters to export")
-    state = _best(run, cfg)
-    model, tokenizer = build_model(cfg)
+    model, cfg = trained.model, trained.cfg
     params = federated_parameters(model)
-    shared = {k: v for k, v in state["server"]["params"].items() if k in params}
-    _fits(shared, params, run.best)
-    load_tensors(model, shared)
-    personal: list[str] = []
-    if silo is not None:
-        own = {k: v for k, v in _silo_tensors(run, state, silo).items() if k in params}
-        _fits(own, params, run.path / "clients" / silo)
-        load_tensors(model, own)
-        personal = sorted(own)
     base, _ = build_model(_without_lora(cfg))
     merged = LORA_AGGREGATIONS.get(lora.aggregation).merge
     factors = _merged_as_lora(model, base) if merged else {}
     ranks = {module: b.shape[1] for module, (b, _) in factors.items()}
     head = [n.split(".modules_to_save.")[0] for n in params if ".modules_to_save." in n]
     adapters = pairs(n for n, _ in model.named_parameters())  # ffa's A is frozen, so not among `params`
+    causal = model_config(cfg).kind == "causal"
     config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, bias="none",
                         target_modules=sorted({p.module.rsplit(".", 1)[-1] for p in adapters}),
-                        modules_to_save=sorted(set(head)) or None,
+                        modules_to_save=sorted(set(head)) or None, task_type="CAUSAL_LM" if causal else None,
                         rank_pattern=dict(ranks), alpha_pattern=dict(ranks))  # scaling 1 for a merged ΔW
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    if with_base:  # before peft injects its layers into it
-        base.save_pretrained(out / "base")
-        if tokenizer is not None:
-            tokenizer.save_pretrained(out / "base")
+    if before_wrap is not None:
+        before_wrap(base)
     with warnings.catch_warnings():  # peft's note that it renames the (unnamed) base; transformers' deprecations
         warnings.simplefilter("ignore")
         peft_model = get_peft_model(base, config)
-    if with_base:
-        peft_model.peft_config["default"].base_model_name_or_path = str((out / "base").resolve())
     target = dict(peft_model.named_parameters())
     with torch.no_grad():
         for name, t in model.named_parameters():
@@ -171,15 +221,100 @@ def export_adapters(run_dir: str | Path, out: str | Path, silo: str | None = Non
         for module, (b, a) in factors.items():
             target[f"base_model.model.{module}.lora_A.default.weight"].copy_(a)
             target[f"base_model.model.{module}.lora_B.default.weight"].copy_(b)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        peft_model.save_pretrained(out)
     frozen_sent = set(received_only(model))  # exact's merged base weights: already in the factors
     extra = {k: t.detach().contiguous() for k, t in params.items()
              if not any(s in k for s in _PEFT) and k not in frozen_sent}
-    if extra:
-        save_file(extra, out / "fedsilo_extra.safetensors")
+    return _Peft(peft_model, base, extra, lora.aggregation)
+
+
+def _record(out: Path, trained: Trained, silo: str | None, form: str, aggregation: str | None) -> None:
     (out / "fedsilo_export.json").write_text(json.dumps(
-        {"run": str(run.path), "round": state.get("round"), "silo": silo, "aggregation": lora.aggregation,
-         "private": list(exchange_plan(cfg).private), "personal_tensors": personal}, indent=1) + "\n")
-    return out, personal
+        {"run": str(trained.run.path), "round": trained.state.get("round"), "silo": silo, "form": form,
+         "aggregation": aggregation, "private": list(exchange_plan(trained.cfg).private),
+         "personal_tensors": trained.personal}, indent=1) + "\n")
+
+
+def export_run(run_dir: str | Path, out: str | Path, silo: str | None = None, with_base: bool = False,
+               merged: bool = False) -> tuple[Path, list[str], str]:
+    """`fedsilo export`: the adapters, or the whole model when `merged` or the run has no lora surgery;
+    returns (`out`, the silo's own tensors, the form written: "adapters", "merged" or "full")."""
+    run, cfg = run_config(run_dir)
+    lora = lora_settings(cfg.model)
+    if not merged and lora is not None:
+        return (*export_adapters(run_dir, out, silo, with_base), "adapters")
+    form = "merged" if lora is not None else "full"
+    if with_base:
+        raise ConfigError(f"--with-base: a {form} model holds its base weights already (a run "
+                          f"{'with' if lora else 'without'} the lora surgery); leave --with-base out")
+    return (*export_model(run_dir, out, silo), form)
+
+
+def export_adapters(run_dir: str | Path, out: str | Path, silo: str | None = None,
+                    with_base: bool = False) -> tuple[Path, list[str]]:
+    """Write the run's (or `silo`'s) adapters and the tokenizer to `out` in peft's format; returns
+    (`out`, the silo's own tensors that replaced global ones)."""
+    run, cfg = run_config(run_dir)
+    lora = lora_settings(cfg.model)
+    if lora is None:
+        raise ConfigError(f"{run.path}: the run has no lora surgery (model.surgery), so it has no adapters to "
+                          "export; export its whole model with --merged")
+    trained = load_trained(run_dir, silo, fp32=True)
+    out = Path(out)
+
+    def save_base(base) -> None:  # before peft injects its layers into it
+        out.mkdir(parents=True, exist_ok=True)
+        if with_base:
+            _save_model(base, trained.tokenizer, out / "base")
+
+    peft = _as_peft(trained, lora, save_base)
+    config = peft.model.peft_config["default"]
+    config.base_model_name_or_path = str((out / "base").resolve()) if with_base else \
+        _local_checkpoint(cfg) or config.base_model_name_or_path
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        peft.model.save_pretrained(out)
+    if trained.tokenizer is not None:  # AutoPeftModel reads it (to size the embeddings)
+        trained.tokenizer.save_pretrained(out)
+    if peft.extra:
+        save_file(peft.extra, out / "fedsilo_extra.safetensors")
+    _record(out, trained, silo, "adapters", lora.aggregation)
+    return out, trained.personal
+
+
+def export_model(run_dir: str | Path, out: str | Path, silo: str | None = None) -> tuple[Path, list[str]]:
+    """Write the run's (or `silo`'s) whole model and tokenizer to `out` in Hugging Face's format (a
+    LoRA run's adapters merged into the base); returns (`out`, the silo's own tensors)."""
+    run, cfg = run_config(run_dir)
+    others = [s.name for s in cfg.model.surgeries if not isinstance(s.settings(), LoraSettings)]
+    if others:
+        raise ConfigError(f"{run.path}: the model has the {', '.join(others)} surgery, whose tensors no Hugging Face "
+                          "model holds; export the adapters (without --merged)")
+    lora = lora_settings(cfg.model)
+    trained = load_trained(run_dir, silo, fp32=True)
+    model = trained.model
+    if lora is not None:
+        peft = _as_peft(trained, lora)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = peft.model.merge_and_unload()
+    if not hasattr(model, "save_pretrained"):
+        raise ConfigError(f"{run.path}: the run's model ({type(model).__name__}) is not a Hugging Face model; "
+                          f"{EXPORTED}")
+    out = Path(out)
+    _save_model(model, trained.tokenizer, out)
+    _record(out, trained, silo, "merged" if lora is not None else "full", lora.aggregation if lora else None)
+    return out, trained.personal
+
+
+def _save_model(model, tokenizer, folder: Path) -> None:
+    """save_pretrained of the model and its tokenizer. A trained LM head is its own tensor: untied
+    from the embeddings, else saving keeps one of the two and loading ties them again."""
+    head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is not None and embeddings is not None and head.weight is not embeddings.weight:
+        model.config.tie_word_embeddings = False
+    folder.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.save_pretrained(folder)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)

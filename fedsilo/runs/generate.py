@@ -1,0 +1,57 @@
+"""`fedsilo generate RUN --prompt TEXT`: what a causal run's best model answers, greedy-decoded.
+
+The model is the one `fedsilo export` writes (best.pt checked as export checks it; `--silo`: that
+silo's personal model) in the run's own config, so the answer is the one the run's evaluation would
+generate: the prompt is one user turn (after an optional system turn) rendered by the run's template,
+as the task renders a record's prompt, cut at its start to leave room for the answer as the task cuts
+it (said, never silent), and decoded greedily up to the task's max_new_tokens or the first EOS.
+"""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+from fedsilo.errors import ConfigError, ConfigWarning
+from fedsilo.recipe import model_config
+from fedsilo.tasks.instruct.plugin import InstructSettings
+from fedsilo.tasks.instruct.records import alpaca
+from fedsilo.tasks.instruct.scoring import greedy_generate
+from fedsilo.tasks.instruct.template import prompt_ids, use_chat
+
+from .export import load_trained, run_config
+
+__all__ = ["generate"]
+
+GENERATED = "nothing generated"
+
+
+def generate(run_dir: str | Path, prompt: str, silo: str | None = None, max_new_tokens: int | None = None,
+             system: str = "") -> str:
+    """The run's (or `silo`'s) greedy answer to `prompt`, decoded without special tokens."""
+    run, cfg = run_config(run_dir)
+    kind = model_config(cfg).kind
+    if kind != "causal":
+        raise ConfigError(f"{run.path}: generate needs model.kind = \"causal\" (the instruct task's); this run's "
+                          f"model is {kind!r}")
+    if not isinstance(cfg.task, InstructSettings):
+        raise ConfigError(f"{run.path}: generate renders the prompt as the instruct task does; this run's task is "
+                          f"{cfg.task.name!r}")
+    if not prompt.strip():
+        raise ConfigError("generate: the prompt is empty")
+    if max_new_tokens is not None and max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens {max_new_tokens}: give at least 1")
+    new = max_new_tokens or cfg.task.max_new_tokens
+    trained = load_trained(run_dir, silo, outcome=GENERATED)
+    tokenizer = trained.tokenizer
+    if tokenizer.eos_token_id is None:
+        raise ConfigError(f"{run.path}: the run's tokenizer has no EOS token, where greedy decoding stops")
+    ids = prompt_ids(alpaca(prompt, system=system), tokenizer, use_chat(tokenizer, cfg.task.template))
+    room = max(1, cfg.task.max_length - new)
+    if len(ids) > room:
+        warnings.warn(ConfigWarning(f"generate: the prompt is {len(ids)} tokens; as the run's task does, only its "
+                                    f"last {room} are read (task.max_length {cfg.task.max_length} − {new} new "
+                                    "tokens)"), stacklevel=2)
+        ids = ids[-room:]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    answer = greedy_generate(trained.model, [ids], new, tokenizer.eos_token_id, pad)[0]
+    return tokenizer.decode(answer, skip_special_tokens=True)
