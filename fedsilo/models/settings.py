@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from fedsilo.core.lora import LORA_AGGREGATIONS
 from fedsilo.errors import ConfigError
 from fedsilo.settings import SectionError, Strict, choice, where_what
 
@@ -99,13 +100,14 @@ class ModelConfig(Strict):
     @model_validator(mode="after")
     def _memory_options_fit_model(self) -> "ModelConfig":
         if self.quantization == "4bit":
-            lora = next((s.settings() for s in self.surgeries if s.name == "lora"), None)
+            from .lora import lora_settings  # the surgery that trains adapters over a frozen base
+            lora = lora_settings(self)
             if lora is None:
                 raise SectionError('model.quantization = "4bit": 4-bit weights cannot be trained (QLoRA trains LoRA '
                                    'adapters over them); add [model.surgery] name = "lora"')
-            if lora.aggregation == "exact":
-                raise SectionError('model.quantization = "4bit": lora aggregation = "exact" merges the adapters into '
-                                   'the base weights, which are 4-bit here; use fedit or ffa')
+            if LORA_AGGREGATIONS.get(lora.aggregation).merge:
+                raise SectionError(f'model.quantization = "4bit": lora aggregation = "{lora.aggregation}" merges the '
+                                   'adapters into the base weights, which are 4-bit here; use fedit or ffa')
         refusal = unsupported(self, self.kind, self.name)  # kind None: the task's, checked again by its builder
         if refusal:
             raise SectionError(refusal)

@@ -203,7 +203,7 @@ def _as_peft(trained: Trained, lora: LoraSettings, before_wrap=None) -> _Peft:
     ranks = {module: b.shape[1] for module, (b, _) in factors.items()}
     head = [n.split(".modules_to_save.")[0] for n in params if ".modules_to_save." in n]
     adapters = pairs(n for n, _ in model.named_parameters())  # ffa's A is frozen, so not among `params`
-    causal = model_config(cfg).kind == "causal"
+    causal = _is_causal_lm(model)
     config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, bias="none",
                         target_modules=sorted({p.module.rsplit(".", 1)[-1] for p in adapters}),
                         modules_to_save=sorted(set(head)) or None, task_type="CAUSAL_LM" if causal else None,
@@ -318,3 +318,12 @@ def _save_model(model, tokenizer, folder: Path) -> None:
         model.save_pretrained(folder)
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
+
+
+def _is_causal_lm(model) -> bool:
+    """Whether the model is its architecture's causal-LM class (peft's CAUSAL_LM task type, which
+    AutoPeftModelForCausalLM insists on)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    kind = getattr(getattr(model, "config", None), "model_type", None)
+    return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(kind) == type(model).__name__

@@ -42,9 +42,9 @@ def _round_warnings(cfg: RunConfig, record: dict) -> list[str]:
     r, out = record["round"], []
     for client, entry in record.get("clients", {}).items():
         if entry.get("fallback"):
-            stat = cfg.federation.weighting_stat or "its statistic"
+            stat = f"statistic {cfg.federation.weighting_stat!r}" if cfg.federation.weighting_stat else "weighting statistic"
             out.append(f"round {r}: {client}'s {stat} is not usable for {cfg.federation.weighting} weights "
-                       "(NaN, negative or infinite); it took its size share")
+                       "(NaN, negative, infinite, or zero for every silo); it took its size share")
         if entry.get("capped"):
             out.append(f"round {r}: {client}'s weight was capped (federation.max_weight_ratio = "
                        f"{cfg.federation.max_weight_ratio}, max_client_weight = {cfg.federation.max_client_weight})")
