@@ -158,18 +158,26 @@ def task_tokenizer(cfg: RunConfig):
 
 def build_model(cfg: RunConfig) -> tuple[torch.nn.Module, object]:
     """(model, tokenizer): the model kind's builder, then the optional surgery, both seeded, then
-    `model.init_from`'s tensors."""
+    `model.init_from`'s tensors (a bare model's checkpoint loads before the surgery, a surgered one's after)."""
     mcfg = model_config(cfg)
     model, tokenizer = MODEL_KINDS.get(mcfg.kind)(mcfg, cfg.seed, task_tokenizer(cfg))
+    # a tokenizer fitted here, not saved beside the checkpoint, is checked against it
+    fitted = bool(mcfg.init_from) and saved_tokenizer(mcfg.init_from) is None and task_tokenizer(cfg) is not None \
+        and reads_task_tokenizer(mcfg.kind, mcfg.name)
+    identity = tokenizer_identity(tokenizer) if fitted else None
+    base = None
+    if mcfg.init_from and mcfg.surgeries:
+        try:  # a bare model (a generic base) is what a surgery adapts: loaded before LoRA freezes and wraps its layers
+            base = init_tensors(mcfg.init_from, federated_parameters(model), identity)
+            load_tensors(model, base)
+        except ConfigError:
+            base = None  # not the bare model's tensors (a LoRA run's adapters): loaded after the surgery
     for surgery in mcfg.surgeries:
         device = next(model.parameters()).device
         SURGERIES.get(surgery.name)(model, surgery.settings(), cfg.seed)
         model.to(device)
-    if mcfg.init_from:  # a tokenizer fitted here, not saved beside the checkpoint, is checked against it
-        fitted = saved_tokenizer(mcfg.init_from) is None and task_tokenizer(cfg) is not None and \
-            reads_task_tokenizer(mcfg.kind, mcfg.name)
-        load_tensors(model, init_tensors(mcfg.init_from, federated_parameters(model),
-                                         tokenizer_identity(tokenizer) if fitted else None))
+    if mcfg.init_from and base is None:
+        load_tensors(model, init_tensors(mcfg.init_from, federated_parameters(model), identity))
     device = next(model.parameters()).device
     check_precision(mcfg.precision, device)
     set_tf32(device, mcfg.tf32)

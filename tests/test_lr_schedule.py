@@ -149,6 +149,17 @@ def test_the_position_is_the_clients_own_steps_not_the_round_number():
     assert used_rates(skips, 3)[0] == used_rates(every, 2)[0]
 
 
+def test_server_rounds_span_is_at_the_servers_round_whatever_the_client_did():
+    """FlowerTune's cosine over rounds: a client sampled in rounds 1 and 3 trains round 3 at round 3's
+    rates (the run's last quarter of one schedule), not at its own step 4."""
+    skips, every = (slope_client(rounds=3, lr_schedule="linear", warmup=0.25, schedule_span="server_rounds")
+                    for _ in range(2))
+    whole = [linear(s, 12, 3) for s in range(12)]  # 3 rounds x 4 steps, 3 of warm-up
+    assert used_rates(skips, 1)[0] == pytest.approx(whole[:4])
+    assert used_rates(skips, 3)[0] == pytest.approx(whole[8:])
+    assert used_rates(every, 1)[0] + used_rates(every, 2)[0] + used_rates(every, 3)[0] == pytest.approx(whole)
+
+
 def test_a_schedule_step_is_an_optimiser_step():
     plain = slope_client(n=4, lr_schedule="linear", warmup=0.25)
     accumulated = slope_client(n=8, grad_accum=2, lr_schedule="linear", warmup=0.25)  # 4 steps of 2 batches

@@ -301,3 +301,16 @@ def test_a_study_alpha_outside_0_1_is_refused_naming_it(tmp_path, alpha):
     with pytest.raises(ConfigError, match=r"s\.toml: \[study\]: alpha: .* \(got .*\)$") as err:
         load_study(path)
     assert "\n" not in str(err.value)
+
+
+def test_a_lower_loss_holds_and_a_higher_one_is_reversed():
+    """Where lower is better (a loss), the claim reads "variant < baseline" and "holds" still means the
+    variant is better: a study of losses once reported every worse variant as holding."""
+    per_seed = {"alone": {s: {"overall": {"loss": v}} for s, v in zip("012", (5.00, 5.02, 4.98))},
+                "better": {s: {"overall": {"loss": v}} for s, v in zip("012", (4.00, 4.03, 3.98))},
+                "worse": {s: {"overall": {"loss": v}} for s, v in zip("012", (6.00, 6.01, 5.97))}}
+    better, worse = claim_lines(per_seed, "alone", "loss", "loss", ".4f", higher_is_better=False)
+    assert better.startswith("better < alone (Overall loss)") and ": holds (" in better
+    assert worse.startswith("worse < alone (Overall loss)") and ": reversed (" in worse
+    upward = claim_lines(per_seed, "alone", "loss", "loss", ".4f")  # read as a score: the other way round
+    assert ": reversed (" in upward[0] and ": holds (" in upward[1]

@@ -21,7 +21,7 @@ from fedsilo.registry import Registry
 ScheduleFactory = Callable[[torch.optim.Optimizer, int, int, int], LRScheduler | None]
 LR_SCHEDULES: Registry[ScheduleFactory] = Registry("learning-rate schedule")
 
-Span = Literal["run", "round"]
+Span = Literal["run", "round", "server_rounds"]
 
 
 @LR_SCHEDULES.register("constant")
@@ -53,7 +53,7 @@ def round_steps(n_items: int, batch_size: int, grad_accum: int, epochs: int, max
     return epochs * (max(1, batches // grad_accum) if batches else 0)
 
 
-def span_of(span: Span, steps_done: int, rounds: int, per_round: int) -> tuple[int, int]:
+def span_of(span: Span, steps_done: int, rounds: int, per_round: int, round_idx: int = 1) -> tuple[int, int]:
     """(position of this round's first step, total steps) of a client's schedule.
 
     `run`: one schedule over all of the client's rounds (rounds × this round's steps), at the
@@ -61,7 +61,13 @@ def span_of(span: Span, steps_done: int, rounds: int, per_round: int) -> tuple[i
     trains, so it may end the run short of the schedule's end (the position is its own progress, not
     the round number: it never skips warm-up or decay); steps past the end keep the last step's rate.
     `round`: the schedule restarts each round over that round's steps.
+    `server_rounds`: one schedule over the run's rounds, at the server's round `round_idx` (1-based),
+    whatever the client did before: FlowerTune's cosine annealing over rounds, where a client
+    sampled in round r trains at round r's rate (there constant within a round, here continuing
+    over the round's steps).
     """
+    if span == "server_rounds":
+        return ((round_idx - 1) * per_round, rounds * per_round)
     return (steps_done, rounds * per_round) if span == "run" else (0, per_round)
 
 

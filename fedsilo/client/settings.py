@@ -85,7 +85,9 @@ class ClientConfig(Strict):
     # federation splits into rounds; restarting per round would re-warm and re-decay every round.
     schedule_span: Span = Field(
         "run", description="run: one schedule over the client's rounds × its steps per round, at its own "
-                           "steps done (warm-up once, decay to 0 by the last round); round: restart each round. "
+                           "steps done (warm-up once, decay to 0 by the last round); round: restart each round; "
+                           "server_rounds: one schedule over the run's rounds at the server's round (FlowerTune's "
+                           "cosine over rounds, whichever rounds a sampled client trains in). "
                            "A personal model (Ditto) restarts its schedule every round")
     batch_size: int = Field(8, gt=0)
     grad_accum: int = Field(1, gt=0, lt=2**63, description="batches per optimiser step (the Lorar authors: 16)")

@@ -239,7 +239,7 @@ class SiloClient:
         items, collate, lengths = self.batches_from(examples)
         steps_done = int(state.meta.get("steps_done", 0))
         span = (*span_of(cfg.schedule_span, steps_done, self.rounds, round_steps(
-            len(items), cfg.batch_size, cfg.grad_accum, cfg.epochs, cfg.steps)), steps_done)
+            len(items), cfg.batch_size, cfg.grad_accum, cfg.epochs, cfg.steps), work.round), steps_done)
         return self.recipe.trainer.train(self, work, items, collate, lengths, restore, span)
 
     def _select(self, work: RoundWork, steps: int, opt) -> tuple[Tensors, list[str], dict, dict]:

@@ -112,9 +112,11 @@ def overall_values(per_seed: Mapping[str, Mapping[str, Any]], metric: str) -> li
 
 def claim_lines(per_seed: Mapping[str, Mapping[str, Any]], baseline: str, metric: str, label: str,
                 fmt: str = ".4f", over: Sequence[str] | None = None, runs: Mapping[str, Mapping[str, Any]] | None = None,
-                units: Sequence[Unit] | None = None, score: Metric | None = None, alpha: float = ALPHA) -> list[str]:
-    """`variant > baseline` on the overall `metric`, one line per other variant, each with the spread
-    (display) and the verdict with its test and p.
+                units: Sequence[Unit] | None = None, score: Metric | None = None, alpha: float = ALPHA,
+                higher_is_better: bool = True) -> list[str]:
+    """`variant > baseline` on the overall `metric` (`variant < baseline` where lower is better: a
+    loss), one line per other variant, each with the spread (display) and the verdict with its test
+    and p: "holds" always means the variant is better.
 
     `over` names the silos the Overall is taken over where it leaves some out (each line then says
     so); [] where no silo is common to every line: nothing is then judged, and each line says why.
@@ -128,7 +130,7 @@ def claim_lines(per_seed: Mapping[str, Mapping[str, Any]], baseline: str, metric
     for name, seeds in per_seed.items():
         if name == baseline:
             continue
-        head = f"{name} > {baseline} (Overall {label}{scope})"
+        head = f"{name} {'>' if higher_is_better else '<'} {baseline} (Overall {label}{scope})"
         if over is not None and not over:
             lines.append(f"{head}: not judged: no silo has a value in every line, so their Overall is not over "
                          "the same silos")
@@ -136,7 +138,8 @@ def claim_lines(per_seed: Mapping[str, Mapping[str, Any]], baseline: str, metric
         values = overall_values(seeds, metric)
         (ma, _), (mb, _) = mean_sd(values), mean_sd(base)
         gap = f"{ma - mb:+{fmt.lstrip('+')}}" if ma is not None and mb is not None else "-"
-        verdict = _verdict(name, baseline, values, base, fmt, alpha, runs, units, score)
+        verdict = _verdict(name, baseline, values, base, fmt, alpha, runs, units, score) if higher_is_better \
+            else _verdict(baseline, name, base, values, fmt, alpha, runs, units, score)  # a < b is b > a
         lines.append(f"{head}: {spread_cell(values, fmt)} vs {spread_cell(base, fmt)}, gap {gap}, "
                      f"{spread_phrase(values, base)}: {verdict}")
     return lines

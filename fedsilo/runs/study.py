@@ -131,7 +131,8 @@ def run_study(path: str | Path, out: str | Path, assignments: Sequence[str] = ()
     units = common_units({name: [r] if isinstance(r, Mapping) else r for name, r in rows.items()}, metrics[0])
     checks = claim_lines(per_seed, baseline, metrics[0], col.get("label", metrics[0]), col.get("fmt", ".4f"),
                          first_over if compared["left_out"][metrics[0]] or first_over == [] else None,
-                         run_dirs, units, _score(next(iter(plan.values()))[names[0]], metrics[0]), settings.alpha
+                         run_dirs, units, _score(next(iter(plan.values()))[names[0]], metrics[0]), settings.alpha,
+                         higher_is_better=metrics[0] != spec.get("primary") or spec.get("higher_is_better", True)
                          ) if multi and baseline in results else []
     used = seeds or sorted({s for by_seed in results.values() for s in by_seed})
     study = {"name": settings.name, "title": settings.title, "metrics": metrics, "seeds": used,
