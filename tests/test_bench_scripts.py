@@ -143,3 +143,15 @@ def test_help_runs(helps, script):
     result = helps[str(script)]
     assert result["code"] == 0, f"bench/{script.name} --help: {result['code']}"
     assert result["usage"], f"bench/{script.name} --help printed no usage"
+
+
+def test_gpu_bench_refuses_a_cpu_in_one_line():
+    """bench/instruct_gpu.py on a machine without CUDA: one line saying so and naming --cpu-smoke."""
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is here: the bench would run")
+    done = subprocess.run([sys.executable, str(BENCH / "instruct_gpu.py")], capture_output=True, text=True,
+                          timeout=600, stdin=subprocess.DEVNULL)
+    assert done.returncode != 0
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "no CUDA GPU" in done.stderr and "--cpu-smoke" in done.stderr
