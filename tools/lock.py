@@ -52,6 +52,15 @@ def drift(lock: str, freeze: str) -> list[str]:
     return out
 
 
+def unbuilt_pins() -> list[str]:
+    """The exact pins of extras this machine does not install (`gpu`: bitsandbytes needs CUDA), kept in
+    the lock as pyproject.toml states them, so that a GPU machine installs that same version."""
+    import tomllib
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    return [req.split("#")[0].strip() for name, reqs in extras.items() if name != "dev" for req in reqs
+            if "==" in req]
+
+
 def check(lock: Path) -> int:
     """Exit 1 if this environment is not the locked set (CI runs it after the install)."""
     freeze = subprocess.run([sys.executable, "-m", "pip", "freeze", "--exclude-editable"], check=True,
@@ -82,7 +91,8 @@ def main() -> int:
         version = run([py, "-c", "import platform; print(platform.python_version())"],
                       capture_output=True, text=True).stdout.strip()
     header = HEADER.format(python=f"CPython {version}", machine=f"{platform.system()} {platform.machine()}")
-    Path(args.out).write_text(header + "\n".join(pins(freeze)) + "\n")
+    extras = [pin for pin in unbuilt_pins() if pin.split("==")[0].lower() not in freeze.lower()]
+    Path(args.out).write_text(header + "\n".join(sorted(pins(freeze) + extras, key=str.lower)) + "\n")
     print(f"wrote {args.out}; now run `make test` and commit it", file=sys.stderr)
     return 0
 
