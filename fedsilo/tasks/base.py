@@ -133,6 +133,19 @@ def fixed_subsample(items: list, n: int, key: str) -> list:
     return [items[i] for i in sorted(picked)]
 
 
+def fixed_splits(raw: Mapping[str, list], name: str, max_train: int, max_eval: int, where: Any,
+                 what: str, unit: str) -> dict[str, list]:
+    """A silo's train/dev/test as fixed subsamples (`fixed_subsample`); a split left empty is a
+    DataError naming `where` (its file or folder): a silo without one cannot train or be scored."""
+    from fedsilo.errors import DataError
+
+    splits = ("train", "dev", "test")
+    empty = [s for s in splits if not raw[s]]
+    if empty:
+        raise DataError(f"{where}: {what} {name} has no {' / '.join(empty)} {unit}")
+    return {s: fixed_subsample(raw[s], max_train if s == "train" else max_eval, f"{name}/{s}") for s in splits}
+
+
 WORST = -1e308
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 
 from fedsilo.datafetch import default_data_root
-from fedsilo.errors import ConfigWarning, DataError
+from fedsilo.errors import ConfigWarning
 from fedsilo.sources.check import Lengths
-from fedsilo.tasks.base import NONFINITE, fixed_subsample, item_row, without_items
+from fedsilo.tasks.base import NONFINITE, fixed_splits, item_row, without_items
 from fedsilo.tasks.tokens import RowMemo, sorted_batches
 
 from .data import load_silo
@@ -68,16 +68,9 @@ class _Instruct:
         self.eos_id = tokenizer.eos_token_id
         self.splits: dict[str, dict[str, list[Record]]] = {}
         for silo in settings.silos:
-            raw = load_silo(settings, silo, self.data_dir)
-            empty = [s for s in SPLITS if not raw[s]]
-            if empty:
-                where = settings.own_source(silo).path if settings.own_source(silo) else self.data_dir
-                raise DataError(f"{where}: instruct silo {silo} has no {' / '.join(empty)} records")
-            self.splits[silo] = {
-                "train": fixed_subsample(raw["train"], settings.max_train, f"{silo}/train"),
-                "dev": fixed_subsample(raw["dev"], settings.max_eval, f"{silo}/dev"),
-                "test": fixed_subsample(raw["test"], settings.max_eval, f"{silo}/test"),
-            }
+            where = settings.own_source(silo).path if settings.own_source(silo) else self.data_dir
+            self.splits[silo] = fixed_splits(load_silo(settings, silo, self.data_dir), silo, settings.max_train,
+                                             settings.max_eval, where, "instruct silo", "records")
         self.rows = RowMemo(self)
         self._said: set[tuple] = set()
 

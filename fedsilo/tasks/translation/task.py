@@ -16,10 +16,10 @@ import torch
 
 from fedsilo.datafetch import default_data_root
 from fedsilo.sources.check import Lengths
-from fedsilo.tasks.base import fixed_subsample, item_row, without_items
+from fedsilo.tasks.base import fixed_splits, item_row, without_items
 from fedsilo.tasks.tokens import RowMemo, pad_seq2seq, sequence_losses, sorted_batches
 
-from .data import DataError, Pair, load_silo
+from .data import Pair, load_silo
 from .metrics import SPEC, sentence_stats, signatures, summed
 from .plugin import TranslationSettings
 
@@ -54,16 +54,9 @@ class TranslationTask:
         self.splits: dict[str, dict[str, list[Pair]]] = {}
         self.rows = RowMemo(self)
         for domain in dict.fromkeys([*settings.silos, *settings.matrix_domains()]):
-            raw = load_silo(settings, domain, self.data_dir)
-            empty = [s for s in SPLITS if not raw[s]]
-            if empty:
-                where = settings.own_source(domain).path if settings.own_source(domain) else self.data_dir
-                raise DataError(f"{where}: translation silo {domain} has no {' / '.join(empty)} pairs")
-            self.splits[domain] = {
-                "train": fixed_subsample(raw["train"], settings.max_train, f"{domain}/train"),
-                "dev": fixed_subsample(raw["dev"], settings.max_eval, f"{domain}/dev"),
-                "test": fixed_subsample(raw["test"], settings.max_eval, f"{domain}/test"),
-            }
+            where = settings.own_source(domain).path if settings.own_source(domain) else self.data_dir
+            self.splits[domain] = fixed_splits(load_silo(settings, domain, self.data_dir), domain, settings.max_train,
+                                             settings.max_eval, where, "translation silo", "pairs")
         self.signatures = signatures()
 
     # ---- the Task contract ---------------------------------------------------------------
