@@ -33,8 +33,12 @@ study: $(STAMP)
 study-text2sql: $(STAMP)
 	$(PYTHON) -m fedsilo run experiments/lorar/small.toml --out runs/lorar-small --resume $(ARGS)
 
+# The whole suite on every core (pytest-xdist, whole test modules per worker, the heaviest first), then
+# the 25 slowest tests and the line coverage of fedsilo/ (docs/testing.md). A part, serially:
+#   make test ARGS="tests/test_engine.py -n 0"      or plainly: python -m pytest tests/test_engine.py
+TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(PYTHON) -m pytest $(ARGS)
+	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=25 --cov=fedsilo --cov-report=term:skip-covered $(ARGS)
 
 # Re-resolve the lock: a throw-away virtual environment gets the newest versions pyproject.toml allows,
 # and their exact list replaces constraints.txt. Run `make test` after it, and commit both together.

@@ -1,11 +1,51 @@
-"""Suite-wide settings.
+"""Suite-wide settings (how the suite is organised and why: docs/testing.md).
 
-- The token cache goes to a temporary folder, never the user's ~/.cache.
+- The token cache goes to a temporary folder, never the user's ~/.cache; under pytest-xdist every
+  worker has its own (tmp_path_factory's folder is per worker), so no two workers share a cache,
+  a run directory or a port (ports come from the OS, bound to 0).
+- One torch thread per test process, put back after every test: `make test` runs one worker per
+  core, and a worker that took every core would fight its neighbour. Subprocesses (CLI runs, Flower's
+  processes, Ray workers) inherit OMP_NUM_THREADS=1. Tests that need other counts set them.
 - `engine.workers = "auto"` means one worker: many tests inject failures or count calls by
   monkeypatching client-side code in this process, which forked workers would not see.
   tests/test_workers.py sets `engine.workers` explicitly to test the parallel engine.
+- The modules in HEAVY_FIRST are collected first, heaviest first: xdist (`--dist loadscope`) hands out
+  whole modules in collection order, so the long ones start at once and the short ones fill the gaps
+  (longest-processing-time-first scheduling), and every module's fixtures are built once.
 """
+import os
+
 import pytest
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
+
+# Measured serial seconds per module (docs/testing.md, 2026-11-28); CI prints the 25 slowest tests
+# every run, so a module that grows past these shows there. Order only: every test still runs.
+HEAVY_FIRST = [
+    "tests/test_flower.py",
+    "tests/test_secure_aggregation.py",
+    "tests/test_translation_task.py",
+    "tests/test_silo_policy.py",
+    "tests/hostile_server/test_ledger.py",
+    "tests/test_cli_deploy.py",
+    "tests/test_deploy_hardening.py",
+    "tests/test_privacy_dp.py",
+    "tests/test_own_silos_e2e.py",
+    "tests/test_workers.py",
+    "tests/test_matching_task.py",
+    "tests/test_fewfedweight.py",
+    "tests/test_study.py",
+    "tests/test_hardening_state3.py",
+    "tests/test_compressed_exchange.py",
+    "tests/test_hardening_server3.py",
+]
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {path: i for i, path in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable: order within kept
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -14,3 +54,11 @@ def own_token_cache(tmp_path_factory):
         mp.setenv("FEDSILO_CACHE_DIR", str(tmp_path_factory.mktemp("fedsilo-cache")))
         mp.setattr("fedsilo.engines.workers.MAX_AUTO_CPU_WORKERS", 1)
         yield
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    import torch
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(1)

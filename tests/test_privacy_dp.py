@@ -398,3 +398,28 @@ def test_auto_goes_on_one_example_at_a_time_for_a_model_opacus_cannot_take():
         train_private(tiny_t5(), items, collate, Sequences, Budget(1.0, 0.5, 1e-5),
                       DPSettings(noise_multiplier=1.0, clipping="per_example"), steps=1, lr=0.01, batch_size=6,
                       parts=TrainingParts(optimizer=sgd))
+
+
+def test_the_accountants_epsilon_is_opacuss_to_the_last_bit():
+    """Budget.epsilon keeps each (σ, q)'s per-step RDP instead of asking Opacus's RDPAccountant again:
+    over random histories (several mechanisms, q = 1, small and large δ) the ε is the very same float."""
+    import random
+    import warnings
+
+    from opacus.accountants import RDPAccountant
+
+    from fedsilo.privacy.accountant import ORDERS, Budget
+
+    rng = random.Random(0)
+    for _ in range(16):
+        history = [(rng.uniform(0.3, 5), rng.choice([rng.uniform(0.001, 0.9), 1.0]), rng.randint(1, 500))
+                   for _ in range(rng.randint(1, 4))]
+        delta = rng.choice([1e-5, 1e-3, 0.01, 0.3])
+        reference = RDPAccountant()
+        reference.history = list(history)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            expected = max(0.0, float(reference.get_epsilon(delta=delta, alphas=ORDERS)))
+        assert Budget(1.0, 1.0, delta, history=history).epsilon() == expected
+        sigma, q, steps = history[-1]
+        assert Budget(sigma, q, delta, history=history[:-1]).epsilon(steps) == expected
