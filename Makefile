@@ -33,10 +33,12 @@ study: $(STAMP)
 study-text2sql: $(STAMP)
 	$(PYTHON) -m fedsilo run experiments/lorar/small.toml --out runs/lorar-small --resume $(ARGS)
 
-# The whole suite on every core (pytest-xdist, whole test modules per worker, the heaviest first), then
-# the 25 slowest tests and the line coverage of fedsilo/ (docs/testing.md). A part, serially:
+# The whole suite in parallel (pytest-xdist, whole test modules per worker, the heaviest first), then
+# the 25 slowest tests and the line coverage of fedsilo/ (docs/testing.md). One worker more than there
+# are cores: the Flower deployment tests spend seconds waiting on Flower's polls, which the spare
+# worker fills. A part, serially:
 #   make test ARGS="tests/test_engine.py -n 0"      or plainly: python -m pytest tests/test_engine.py
-TEST_WORKERS ?= auto
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(len(os.sched_getaffinity(0)) + 1)")
 test: $(STAMP)
 	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=25 --cov=fedsilo --cov-report=term:skip-covered $(ARGS)
 

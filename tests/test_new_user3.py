@@ -182,6 +182,27 @@ def test_auto_threads_on_a_busy_machine_name_engine_threads_1(monkeypatch):
     assert runner.others_running() is None or runner.others_running() >= 0
 
 
+def test_a_run_with_auto_threads_on_a_busy_machine_warns_and_the_machine_is_read(tmp_path, monkeypatch, capsys):
+    """The warning reaches a real run's output (the suite runs one torch thread per worker, where auto
+    threads never warn, so the run sets two), and the real readings behind it: the usable cores and the
+    runnable tasks of /proc/stat besides this process."""
+    import torch
+
+    from fedsilo.runs import runner
+    from fedsilo.runs.runner import run_experiment
+    from tests.test_plugins import toy_config
+
+    assert runner.usable_cores() >= 1
+    others = runner.others_running()
+    assert others is not None and others >= 0  # Linux: read from /proc/stat
+    monkeypatch.setattr(runner, "others_running", lambda: 5.0)
+    torch.set_num_threads(2)
+    run_experiment(toy_config(federation={"rounds": 1}), tmp_path / "run", show_progress=False)
+    captured = capsys.readouterr()
+    out = " ".join((captured.out + captured.err).split())
+    assert "fedsilo: warning: this machine is busy" in out and "--set engine.threads=1" in out
+
+
 # ---- item 10: a study shows each data warning once ---------------------------------------------
 
 STUDY = '''
