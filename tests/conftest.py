@@ -21,7 +21,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
 
-# Measured serial seconds per module (docs/testing.md, 2026-11-28); CI prints the 25 slowest tests
+# Ordered by their measured serial seconds (docs/testing.md, 2026-11-28); CI prints the 25 slowest tests
 # every run, so a module that grows past these shows there. Order only: every test still runs.
 HEAVY_FIRST = [
     "tests/test_flower.py",

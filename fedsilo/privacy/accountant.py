@@ -77,17 +77,14 @@ class Budget:
 
 
 @functools.lru_cache(maxsize=4096)
-def _rdp_per_step(noise_multiplier: float, sample_rate: float) -> tuple[float, ...]:
-    from opacus.accountants.analysis.rdp import compute_rdp
-    return tuple(compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=ORDERS))
-
-
 def rdp_per_step(noise_multiplier: float, sample_rate: float):
     """The RDP of one step of the subsampled Gaussian mechanism at each of ORDERS (Opacus's exact closed
-    form), kept per (σ, q): a silo's history repeats them every round, and the search for σ over a ledger's
-    history recomputes the history at each trial σ. Computing it is ~33,000 Python log-adds."""
-    import numpy as np
-    return np.array(_rdp_per_step(noise_multiplier, sample_rate))
+    form), kept per (σ, q), read-only: a silo's history repeats them every round, and the search for σ over
+    a ledger's history recomputes the history at each trial σ. Computing it is ~33,000 Python log-adds."""
+    from opacus.accountants.analysis.rdp import compute_rdp
+    rdp = compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=ORDERS)
+    rdp.flags.writeable = False
+    return rdp
 
 
 def smallest_epsilon(delta: float) -> float:
