@@ -70,6 +70,9 @@ def parser() -> argparse.ArgumentParser:
     dep.add_argument("--policy", action="append", metavar="SILO=FILE",
                      help="a silo's own policy (TOML, docs/privacy.md), given to its SuperNode as node config; "
                           "repeat per silo")
+    dep.add_argument("--cold-clientapps", action="store_true",
+                     help="each message's ClientApp a fresh `flwr-clientapp` process, as Flower starts it (slower: "
+                          "by default they are forked from a process that imported torch and fedsilo once)")
     dep.set_defaults(func=commands.cmd_deploy)
     st = sub.add_parser("study", help="run the variants of a study file (resumable) and compare them in one table")
     st.add_argument("study", help="a study TOML: [study], [base] (a run config), [variants.NAME] (changes)")

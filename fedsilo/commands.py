@@ -147,7 +147,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
             processes = work / "processes"
             print(f"starting a SuperLink and {len(silos)} SuperNodes on 127.0.0.1 (logs in {processes})",
                   file=sys.stderr, flush=True)
-            with LocalDeployment(processes, silos) as dep:
+            with LocalDeployment(processes, silos, warm=not args.cold_clientapps) as dep:
                 dep.lock = lock.token
                 dep.run(config, out, resume=args.resume, progress=not args.no_progress)
         except DeploymentError as err:

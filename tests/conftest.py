@@ -12,8 +12,14 @@
 - The modules in HEAVY_FIRST are collected first, heaviest first: xdist (`--dist loadscope`) hands out
   whole modules in collection order, so the long ones start at once and the short ones fill the gaps
   (longest-processing-time-first scheduling), and every module's fixtures are built once.
+- One Flower simulation (one Ray cluster) at a time on the machine: CI once saw a simulation whose
+  virtual SuperNodes never answered while two workers each started a Ray cluster (Ray probes for
+  free ports for its agents, and two clusters starting together can pick the same ones); a file lock
+  in the system's temporary folder makes the others wait for it.
 """
+import fcntl
 import os
+import tempfile
 
 import pytest
 
@@ -53,6 +59,22 @@ def own_token_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FEDSILO_CACHE_DIR", str(tmp_path_factory.mktemp("fedsilo-cache")))
         mp.setattr("fedsilo.engines.workers.MAX_AUTO_CPU_WORKERS", 1)
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_ray_cluster_at_a_time():
+    import flwr.simulation
+
+    flower_run_simulation = flwr.simulation.run_simulation
+
+    def run_simulation(*args, **kwargs):
+        with open(os.path.join(tempfile.gettempdir(), "fedsilo-tests-ray.lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            return flower_run_simulation(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(flwr.simulation, "run_simulation", run_simulation)
         yield
 
 

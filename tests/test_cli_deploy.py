@@ -6,6 +6,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -183,9 +184,10 @@ def test_unknown_choice_is_a_user_error(monkeypatch, capsys):
 class RecordingDeployment(LocalDeployment):
     """Starts nothing: records every command it would run."""
 
-    def _start(self, name, cmd):
+    def _start(self, name, cmd, log_name=None):
         self.commands = {**getattr(self, "commands", {}), name: cmd}
-        return None
+        self.logs = {**getattr(self, "logs", {}), name: log_name or name}
+        return SimpleNamespace(pid=4242)
 
 
 def test_local_deployment_hands_flower_absolute_paths(tmp_path, monkeypatch):
@@ -209,6 +211,15 @@ def test_local_deployment_hands_flower_absolute_paths(tmp_path, monkeypatch):
     node = parse_config_args([cmd[cmd.index("--node-config") + 1]])
     assert node == {"silo": "yelp", "data-dir": str(tmp_path / "silo data"), "silo-path": str(tmp_path / "my silo.csv"),
                     "state-dir": str(dep.workdir / "state" / "yelp")}
+    # its ClientApps come from fedsilo's warm SuperExec on the SuperNode's Runtime API, logging to the node's log
+    assert cmd[cmd.index("--isolation") + 1] == "process"
+    superexec = dep.commands["superexec-yelp"]
+    assert superexec[:3] == [sys.executable, "-m", "fedsilo.engines.flower.warm"]
+    assert superexec[superexec.index("--runtime-api-address") + 1] == f"127.0.0.1:{cmd[cmd.index('--port') + 1]}"
+    assert superexec[superexec.index("--parent-pid") + 1] == "4242" and dep.logs["superexec-yelp"] == "supernode-yelp"
+    cold = RecordingDeployment(dep.workdir, {}, warm=False)
+    cold.start_supernode("yelp", {})
+    assert set(cold.commands) == {"supernode-yelp"} and "--isolation" not in cold.commands["supernode-yelp"]
 
     dep.submit(Path("my runs/exp.toml"), Path("my runs/dep"), overrides=["task.silos=[\"yelp\"]"])
     cmd = dep.commands["flwr-run"]

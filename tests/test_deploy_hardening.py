@@ -198,6 +198,46 @@ def test_a_silos_failure_names_the_silo_and_the_cause(tmp_path):
                      f"(char 0); last lines of {tmp_path / 'flwr-run.log'}:")
 
 
+class SilentGrid:
+    """Three SuperNodes connected; the one holding `yelp` never answers the describe query."""
+
+    def __init__(self):
+        self.sent = []
+
+    def get_node_ids(self):
+        return [11, 12, 13]
+
+    def send_and_receive(self, messages, timeout=None):
+        from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+
+        self.sent, self.timeout, replies = list(messages), timeout, []
+        for msg, silo in zip(self.sent, ["restaurants", "academic"]):
+            msg.metadata.__dict__["_message_id"] = f"m{msg.metadata.dst_node_id}"
+            reply = Message(RecordDict({"silo": ConfigRecord({"name": silo}),
+                                        "metrics": MetricRecord({"n_examples": 5})}), reply_to=msg)
+            reply.metadata.__dict__["_src_node_id"] = msg.metadata.dst_node_id
+            replies.append(reply)
+        return replies
+
+
+def test_a_supernode_that_never_describes_its_silo_is_named_with_the_timeout(tmp_path, monkeypatch):
+    """Not "no SuperNode holds" every silo: which node was silent, and for how long it was waited on."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fedsilo.config import ConfigError, validate
+    from fedsilo.engines.flower.engine import FlowerEngine
+
+    for attr in ("_run_id", "_node_id", "_task_id"):
+        monkeypatch.setattr(TaskIdentity, attr, 1)
+    cfg = validate(tiny_config(tmp_path, flower={"connect_timeout": 7.0}))
+    grid = SilentGrid()
+    with pytest.raises(ConfigError) as err:
+        FlowerEngine(grid, cfg, run_key="k")
+    assert len(grid.sent) == 3 and grid.timeout == 7.0
+    assert str(err.value) == ("no SuperNode answered for silo(s) ['yelp']: SuperNode(s) [13] sent no description of "
+                              "their silo within flower.connect_timeout (7.0s)")
+
+
 # ------------------------------------------------------------------- real processes
 
 

@@ -150,15 +150,19 @@ def test_translation_from_a_folder_of_aligned_csv_and_jsonl_silos(tmp_path, caps
 
 def test_deploy_with_own_silos_reads_each_silos_files_where_they_are(tmp_path, capsys):
     """Real SuperLink and SuperNodes on 127.0.0.1: each SuperNode is pointed at its silo's own file
-    (silo-path), nothing is copied, and each silo fingerprints only its own file on its own disk."""
+    (silo-path), nothing is copied, and each silo fingerprints only its own file on its own disk.
+    Flower's own ClientApp processes (`--cold-clientapps`, a `flwr-clientapp` per message): the other
+    deployment tests run fedsilo's warm ones."""
     data = write_qa_folder(tmp_path / "institutions")
     config = tmp_path / "qa.toml"
     assert main(["init", str(data), "--task", "matching", "--out", str(config)]) == 0
     argv = ["deploy", str(config), "--out", str(tmp_path / "run"), "--workdir", str(tmp_path / "work"),
-            "--no-progress", *sets(TINY_QA), "--set", 'task.silos=["east", "south"]']
+            "--no-progress", "--cold-clientapps", *sets(TINY_QA), "--set", 'task.silos=["east", "south"]']
     assert main(argv) == 0, capsys.readouterr().err[-3000:]
     rows = json.loads((tmp_path / "run" / "results.json").read_text())["test"]["rows"]
     assert [r["client"] for r in rows] == ["east", "south"]
+    log = (tmp_path / "work" / "processes" / "supernode-east.log").read_text()
+    assert "Start `flwr-clientapp` process" in log  # Flower's own ClientApp entry ran each message
     for silo, own in (("east", data / "east.tsv"), ("south", data / "south.jsonl")):
         records = list((tmp_path / "work" / "processes" / "state" / silo).glob("*/data.json"))
         assert len(records) == 1, records

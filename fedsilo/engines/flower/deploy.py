@@ -236,6 +236,7 @@ class LocalDeployment:
     fleet_port: int | None = None  # where SuperNodes connect, if not the SuperLink's port (a relay)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     lock: str = ""  # the token of the run-directory lock the submitter holds (its ServerApp then takes none)
+    warm: bool = True  # ClientApps forked from a warm process (fedsilo.engines.flower.warm), else Flower's own
 
     def __post_init__(self) -> None:
         # Flower's processes run in the work folder: a relative path would be read from there.
@@ -250,8 +251,11 @@ class LocalDeployment:
         """The log file of one process: superlink, supernode-SILO, flwr-run."""
         return self.workdir / f"{name}.log"
 
-    def _start(self, name: str, cmd: list[str]) -> subprocess.Popen:
-        log = open(self.log(name), "w")
+    def _start(self, name: str, cmd: list[str], log_name: str | None = None) -> subprocess.Popen:
+        """Start one process, its output in its own log (or appended to `log_name`'s)."""
+        if not log_name:
+            self.log(name).write_text("")
+        log = open(self.log(log_name or name), "a")  # appending: two processes may share one log
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=flower_env(self.home),
                                 start_new_session=True, cwd=self.workdir)
         self.procs[name] = proc
@@ -288,9 +292,16 @@ class LocalDeployment:
         state.mkdir(parents=True, exist_ok=True)
         node_config = " ".join([f"silo={config_value(silo)}", *(f"{k}={config_value(v)}" for k, v in node.items()),
                                 f"state-dir={config_value(state)}"])
-        return self._start(f"supernode-{silo}", [
+        runtime_port = free_port()
+        node = self._start(f"supernode-{silo}", [
             str(Path(sys.executable).parent / "flower-supernode"), "--insecure",
-            "--superlink", f"127.0.0.1:{self.fleet_port or self.port}", "--port", str(free_port()), "--node-config", node_config])
+            "--superlink", f"127.0.0.1:{self.fleet_port or self.port}", "--port", str(runtime_port),
+            "--node-config", node_config, *(["--isolation", "process"] if self.warm else [])])
+        if self.warm:  # the SuperExec that starts this SuperNode's ClientApps, ending when it ends
+            self._start(f"superexec-{silo}", [sys.executable, "-m", "fedsilo.engines.flower.warm", "--insecure",
+                                              "--runtime-api-address", f"127.0.0.1:{runtime_port}",
+                                              "--parent-pid", str(node.pid)], log_name=f"supernode-{silo}")
+        return node
 
     def write_app(self) -> Path:
         app = self.workdir / "app"

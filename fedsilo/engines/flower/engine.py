@@ -48,7 +48,8 @@ class FlowerEngine:
         msgs = [Message(RecordDict({"config": self._config()}), dst_node_id=n, message_type="query.describe")
                 for n in node_ids]
         nodes, self.client_sizes = {}, {}
-        for reply in self.grid.send_and_receive(msgs, timeout=self.cfg.flower.connect_timeout):
+        replies = list(self.grid.send_and_receive(msgs, timeout=self.cfg.flower.connect_timeout))
+        for reply in replies:
             if reply.has_error():
                 raise ConfigError(f"SuperNode {reply.metadata.src_node_id} failed to start: {reply.error.reason}")
             try:
@@ -59,6 +60,10 @@ class FlowerEngine:
             nodes[name] = reply.metadata.src_node_id
             self.client_sizes[name] = size
         missing = [s for s in self.client_names if s not in nodes]
+        silent = sorted(set(node_ids) - {r.metadata.src_node_id for r in replies})
+        if missing and silent:
+            raise ConfigError(f"no SuperNode answered for silo(s) {missing}: SuperNode(s) {silent} sent no description "
+                              f"of their silo within flower.connect_timeout ({self.cfg.flower.connect_timeout}s)")
         if missing:
             raise ConfigError(f"no SuperNode holds silo(s) {missing}")
         return nodes
