@@ -234,8 +234,8 @@ class FakeDeployment:
     """Stands in for LocalDeployment in the CLI: records what it was given, starts nothing."""
     seen: dict = {}
 
-    def __init__(self, workdir, silos):
-        FakeDeployment.seen.update(workdir=workdir, silos=silos)
+    def __init__(self, workdir, silos, warm=True):
+        FakeDeployment.seen.update(workdir=workdir, silos=silos, warm=warm)
 
     def __enter__(self):
         return self
@@ -269,7 +269,10 @@ def test_deploy_cli_resolves_a_relative_out(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "runs" / "dep-flower" / "silo-data").exists()
     assert f'data_dir = "{tmp_path / "data"}"' in seen["config_text"]
     assert seen["progress"] is False and seen["stopped"]
+    assert seen["warm"] is True  # fedsilo's warm ClientApps unless --cold-clientapps
     assert f"run directory: {tmp_path / 'runs' / 'dep'}" in capsys.readouterr().out
+    assert main(["deploy", "exp.toml", "--out", "runs/dep2", "--no-progress", "--cold-clientapps"]) == 0
+    assert FakeDeployment.seen["warm"] is False
 
 
 def test_deploy_without_results_is_an_error_quoting_the_log(tmp_path, monkeypatch, capsys):

@@ -62,7 +62,7 @@ class FakeDeployment:
     """Stands in for LocalDeployment in the CLI: records each run's silo files and lock, starts nothing."""
     runs: list = []
 
-    def __init__(self, workdir, silos):
+    def __init__(self, workdir, silos, warm=True):
         self.silos, self.lock = silos, ""
 
     def __enter__(self):

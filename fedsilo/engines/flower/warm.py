@@ -85,8 +85,14 @@ class ForkExecutor:
         self.running = still
 
     def close(self) -> None:
-        """The SuperExec ends: its ClientApps end with it (daemon processes), as they would when the
-        SuperNode they report to is gone."""
+        """The SuperExec ends (its SuperNode is gone): so do the ClientApps it started, which would
+        have no one to report to."""
+        for proc in self.running:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in self.running:
+            proc.join()
+        self.running = []
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -109,5 +115,5 @@ def main(argv: list[str] | None = None) -> None:
                             runtime_dependency_install=False)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # pragma: no cover - run as a process by the deployment tests
     main()
