@@ -20,9 +20,13 @@ import argparse
 import multiprocessing
 import os
 
-# imported once in the forkserver, so that no ClientApp process imports them again
-PRELOAD = ["torch", "transformers", "flwr.supernode.runtime.run_clientapp", "fedsilo.engines.flower.client_app",
-           "fedsilo.recipe"]
+# imported once in the forkserver, so that no ClientApp process imports them again (transformers
+# imports its model classes lazily: the model modules import them; ≈7 CPU-s once per SuperNode)
+TASK_MODULES = [f"fedsilo.tasks.{family}.{part}" for family in ("text2sql", "translation", "matching", "multitask",
+                                                                "instruct") for part in ("task", "data", "metrics")]
+PRELOAD = ["torch", "transformers", "peft", "opacus", "flwr.supernode.runtime.run_clientapp",
+           "fedsilo.engines.flower.client_app", "fedsilo.recipe", "fedsilo.models.seq2seq", "fedsilo.models.encoder",
+           "fedsilo.models.causal", "fedsilo.privacy.secagg", *TASK_MODULES]
 
 
 def run_one_clientapp(runtime_api_address: str, token: str, insecure: bool, certificates: bytes | None,
