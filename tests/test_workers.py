@@ -277,3 +277,38 @@ def test_engine_threads_sets_torchs_threads_for_the_run_records_them_and_may_cha
     assert workers_mod.threads_per_worker(5, 2) == 2 and workers_mod.threads_per_worker(1, 4) == 1
     with pytest.raises(ValueError, match="engine.threads must be a positive count"):
         toy_config(engine={"threads": True})
+
+
+def test_a_connection_error_of_the_handle_sharing_thread_is_not_printed_anything_else_is(monkeypatch):
+    """A worker killed while it fetched a shared tensor's descriptor resets multiprocessing's
+    handle-sharing thread (seen once under load in tests/test_hardening_runs.py's killed worker:
+    a traceback beside the one error line). Only that thread's connection errors are dropped."""
+    import threading
+    from multiprocessing import resource_sharer
+
+    seen = []
+    hook = workers_mod._quiet_handle_sharer(lambda kind, value, tb: seen.append((kind, threading.current_thread())))
+
+    def raise_in_thread(error):
+        def body():
+            try:
+                raise error
+            except BaseException:  # noqa: BLE001 - handed to the hook as the sharer hands it
+                import sys
+                hook(*sys.exc_info())
+        thread = threading.Thread(target=body)
+        return thread
+
+    sharer = raise_in_thread(ConnectionResetError(104, "Connection reset by peer"))
+    monkeypatch.setattr(resource_sharer._resource_sharer, "_thread", sharer, raising=False)
+    sharer.start()
+    sharer.join()
+    assert seen == []  # the sharer's reset: dropped
+    other = raise_in_thread(ConnectionResetError(104, "Connection reset by peer"))
+    other.start()
+    other.join()
+    failing_sharer = raise_in_thread(ValueError("a real bug"))
+    monkeypatch.setattr(resource_sharer._resource_sharer, "_thread", failing_sharer)
+    failing_sharer.start()
+    failing_sharer.join()
+    assert seen == [(ConnectionResetError, other), (ValueError, failing_sharer)]

@@ -26,6 +26,7 @@ import math
 import multiprocessing as mp
 import os
 import signal
+import sys
 import threading
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -208,6 +209,21 @@ def _fit(name: str, round_idx: int, received: Shared, state, seed: int) -> tuple
 
 # ---- the parent side ------------------------------------------------------------------------------
 
+def _quiet_handle_sharer(previous):
+    """A worker killed while it fetched a shared tensor's file descriptor resets the connection of
+    multiprocessing's handle-sharing thread, which prints that error as a traceback (through
+    sys.excepthook). The run reports the dead worker in one line (WorkerLost): this hook drops only
+    that thread's connection errors and hands everything else on."""
+    from multiprocessing import resource_sharer
+
+    def hook(kind, value, tb):
+        sharer = getattr(resource_sharer._resource_sharer, "_thread", None)  # noqa: SLF001 - stdlib internals
+        if not (issubclass(kind, (ConnectionError, EOFError)) and threading.current_thread() is sharer):
+            previous(kind, value, tb)
+
+    return hook
+
+
 class WorkerPool:
     """`workers` processes that train clients; started at the first parallel round, closed with the run."""
 
@@ -220,6 +236,7 @@ class WorkerPool:
         self.workers = workers
         self.steps = ctx.SimpleQueue()
         _CLIENTS = clients  # what fork children inherit
+        self._excepthook, sys.excepthook = sys.excepthook, _quiet_handle_sharer(sys.excepthook)
         self.pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
                                         initargs=(threads, self.steps, config if method == "spawn" else None,
                                                   ctx.Value("i", 0), os.getpid(), policies or {},
@@ -271,6 +288,7 @@ class WorkerPool:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
+        sys.excepthook = self._excepthook
 
 
 def _payload(server: Server, client: str, payloads: dict[tuple, Shared]) -> Shared:
