@@ -4,6 +4,8 @@ Each SuperNode is pointed at its silo's own files where they are (node config: `
 own silo's source, `data-dir` for the benchmark's folder; nothing is copied) and at a state folder
 of its own, as it would be on the silo's own machine; the ServerApp runs under the SuperLink and
 never sees them.
+Each SuperNode's ClientApps are forked from a warm process by fedsilo's SuperExec
+(fedsilo.engines.flower.warm) unless `warm` is off (Flower's own `flwr-clientapp` per message).
 `stop` ends every process the deployment started, also the ClientApp/ServerApp subprocesses Flower
 starts in process groups of their own (found by the deployment's FLWR_HOME in their environment).
 docs/flower.md shows the same on separate machines with TLS and SuperNode authentication.
