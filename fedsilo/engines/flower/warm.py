@@ -19,6 +19,15 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+from multiprocessing import forkserver
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")  # before Flower is imported
+
+import flwr.supercore.superexec.run_superexec as superexec  # noqa: E402 - after the telemetry switch
+import flwr.supernode.runtime.run_clientapp as flower_clientapp
+from flwr.supercore.constant import TaskType
+from flwr.supercore.superexec.executor import LaunchResult
+from flwr.supercore.tls import validate_and_resolve_root_certificates
 
 # imported once in the forkserver, so that no ClientApp process imports them again (transformers
 # imports its model classes lazily: the model modules import them; ≈7 CPU-s once per SuperNode)
@@ -32,11 +41,9 @@ PRELOAD = ["torch", "transformers", "peft", "opacus", "flwr.supernode.runtime.ru
 def run_one_clientapp(runtime_api_address: str, token: str, insecure: bool, certificates: bytes | None,
                       parent_pid: int | None, runtime_dependency_install: bool) -> None:
     """Flower's ClientApp process body (what `flwr-clientapp` runs after parsing its arguments)."""
-    from flwr.supernode.runtime.run_clientapp import run_clientapp
-
-    run_clientapp(runtime_api_address=runtime_api_address, token=token, insecure=insecure,
-                  certificates=certificates, parent_pid=parent_pid,
-                  runtime_dependency_install=runtime_dependency_install)
+    flower_clientapp.run_clientapp(runtime_api_address=runtime_api_address, token=token, insecure=insecure,
+                                   certificates=certificates, parent_pid=parent_pid,
+                                   runtime_dependency_install=runtime_dependency_install)
 
 
 class ForkExecutor:
@@ -50,23 +57,15 @@ class ForkExecutor:
 
     def warm_up(self) -> None:
         """Start the forkserver now (it imports PRELOAD), not when the first message waits on it."""
-        from multiprocessing import forkserver
-
         forkserver.ensure_running()
 
     def get_eligible_capacity(self, supported_task_types, *, insecure=False, root_certificates_path=None):
-        from flwr.supercore.constant import TaskType
-
         return {t for t in supported_task_types if t == TaskType.CLIENT_APP}, set()
 
     def wait_for_capacity(self, task_type=None, *, fab_hash=None, insecure=False, root_certificates_path=None):
         """No capacity gate: one ClientApp per message, as `flower-superexec` starts them."""
 
     def launch(self, spec):
-        from flwr.supercore.constant import TaskType
-        from flwr.supercore.superexec.executor import LaunchResult
-        from flwr.supercore.tls import validate_and_resolve_root_certificates
-
         if spec.task_type != TaskType.CLIENT_APP:
             return LaunchResult.failed(f"this SuperExec starts ClientApps only, not {spec.task_type}")
         certificates = validate_and_resolve_root_certificates(spec.root_certificates_path, spec.insecure)
@@ -106,10 +105,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--root-certificates", default=None, help="CA certificate of the SuperNode's Runtime API")
     parser.add_argument("--parent-pid", type=int, default=None, help="end when this process (the SuperNode) ends")
     args = parser.parse_args(argv)
-    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-
-    import flwr.supercore.superexec.run_superexec as superexec
-
     executor = ForkExecutor()
     executor.warm_up()
     # Flower's SuperExec loop, with this executor in place of the one its CLI would choose
