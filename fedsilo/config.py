@@ -20,7 +20,7 @@ from fedsilo import builtins  # noqa: F401  (fills every registry a config names
 from fedsilo.client.batching import BATCH_ORDERS, shuffled
 from fedsilo.client.schedule import LR_SCHEDULES, constant
 from fedsilo.client.settings import ClientConfig
-from fedsilo.core.settings import ExchangeConfig, FederationConfig, ServerConfig
+from fedsilo.federation_settings import ExchangeConfig, FederationConfig, ServerConfig
 from fedsilo.errors import ConfigError, ConfigWarning
 from fedsilo.models.settings import ModelConfig, reads_task_tokenizer, unread_sizes
 from fedsilo.paradigms import PARADIGMS, Paradigm

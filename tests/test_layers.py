@@ -1,7 +1,8 @@
 """Imports run one way: every module of fedsilo imports only from its own layer or the layers below.
 
 The layers, bottom to top (docs/design.md): what the whole package shares (errors, file writing, the
-registry, settings, paradigms, progress display), the federated-learning math (core), models, tasks,
+registry, settings, paradigms, progress display), the federated-learning math (core), the privacy
+mechanisms (privacy: they use the math, never the reverse), models, tasks,
 the client, the server, the config that composes their settings, the run directory's files, the
 recipe that turns a config into objects, the engines that move tensors (in-process, Flower), runs
 and studies, and the command line. Every import counts, also one inside a function or under
@@ -23,12 +24,13 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fedsilo"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("fedsilo", "fedsilo.errors", "fedsilo.fileio", "fedsilo.registry", "fedsilo.settings",
               "fedsilo.paradigms", "fedsilo.progress")),
-    ("core", ("fedsilo.core", "fedsilo.privacy")),
+    ("core", ("fedsilo.core",)),
+    ("privacy", ("fedsilo.privacy",)),
     ("models", ("fedsilo.models",)),
     ("tasks", ("fedsilo.datafetch", "fedsilo.sources", "fedsilo.tasks")),
     ("client", ("fedsilo.client",)),
     ("server", ("fedsilo.server",)),
-    ("config", ("fedsilo.config", "fedsilo.builtins")),
+    ("config", ("fedsilo.config", "fedsilo.federation_settings", "fedsilo.builtins")),
     ("rundir", ("fedsilo.rundir",)),
     ("recipe", ("fedsilo.recipe", "fedsilo.features")),
     ("engines", ("fedsilo.engines",)),

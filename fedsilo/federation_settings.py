@@ -1,6 +1,9 @@
 """The federation's sections of a run's config, beside the policies they choose: `[federation]` (weighting,
 aggregation, safeguards), `[server]` (the server optimiser) and `[exchange]` (what crosses the wire).
-What a choice needs from the rest of the run is checked on the built recipe (fedsilo.features)."""
+What a choice needs from the rest of the run is checked on the built recipe (fedsilo.features).
+
+It lives above fedsilo.core and fedsilo.privacy, not in core: `[federation]` holds the privacy sections,
+and core imports nothing from the layers above it (tests/test_layers.py)."""
 from __future__ import annotations
 
 import math
@@ -8,16 +11,15 @@ from typing import Any
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from fedsilo.core.aggregate import AGGREGATIONS
+from fedsilo.core.compression import DOWNLOAD_CODECS
+from fedsilo.core.exchange import DOWNLOADS, OVERWRITES, SELECTORS
+from fedsilo.core.messages import STATISTICS, is_statistic
+from fedsilo.core.server_opt import BIAS_CORRECTIONS, SERVER_OPTIMIZERS, unread_correction, unread_hyperparameters
+from fedsilo.core.transforms import UPLOAD_TRANSFORMS
+from fedsilo.core.weighting import WEIGHTINGS
 from fedsilo.privacy.settings import SecureAggregationConfig, SiloDPConfig
 from fedsilo.settings import FiniteFloat, Limit, SectionError, Strict, choice
-
-from .aggregate import AGGREGATIONS
-from .compression import DOWNLOAD_CODECS
-from .exchange import DOWNLOADS, OVERWRITES, SELECTORS
-from .messages import STATISTICS, is_statistic
-from .server_opt import BIAS_CORRECTIONS, SERVER_OPTIMIZERS, unread_correction, unread_hyperparameters
-from .transforms import UPLOAD_TRANSFORMS
-from .weighting import WEIGHTINGS
 
 
 class FederationConfig(Strict):
