@@ -281,8 +281,9 @@ def cmd_ledger(args: argparse.Namespace) -> int:
                         "or its node config's `ledger`; an in-process run at <out>/privacy-ledger/<silo>.jsonl)")
     try:
         if args.ledger_command == "show":
+            shown = describe(ledger.entries())  # before any output: a bad line prints only its error
             print(f"{ledger.path}:")
-            for line in describe(ledger.entries()):
+            for line in shown:
                 print(line)
             return 0
         archive, count = ledger.reset(args.scope)

@@ -8,6 +8,7 @@ build through these functions, so they start from the same model, surgery, plan 
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +43,7 @@ from fedsilo.models import MODEL_KINDS, SURGERIES
 from fedsilo.models.lora import lora_settings
 from fedsilo.models.precision import check_precision, set_tf32
 from fedsilo.models.settings import reads_task_tokenizer
-from fedsilo.privacy.ledger import PrivacyLedger, SiloLedger, data_scope
+from fedsilo.privacy.ledger import PrivacyLedger, SiloLedger, data_scope, examples_scope
 from fedsilo.privacy.secure_stages import SecureMask, secure_sum_round
 from fedsilo.privacy.silo_dp import SiloRelease
 from fedsilo.rundir.layout import init_tensors, tokenizer_identity
@@ -250,21 +251,25 @@ def give_policies(clients: dict[str, SiloClient], policies: dict[str, str]) -> N
         clients[silo].policy = read_policy(path)
 
 
-def give_ledger(client: SiloClient, path: Path, run_key, scope: str | None = None) -> None:
+def give_ledger(client: SiloClient, path: Path, run_key, scope: str | None = None,
+                files: Mapping[str, Mapping] | None = None) -> None:
     """A silo whose updates are DP releases keeps its privacy ledger at `path` (fedsilo.privacy.ledger):
     `run_key` names this run (or a function giving it once the run exists); `scope`: whose budget, by
-    default the silo's data (a fingerprint of its training examples)."""
+    default the data its operator gave it (`files`, as the data check fingerprinted them), else, for a
+    task that names no files, its training examples."""
     if client.keeps_ledger:
-        client.ledger = SiloLedger(PrivacyLedger(path), run_key, scope or data_scope(client.examples), client.name)
+        scope = scope or (data_scope(files) if files else examples_scope(client.examples))
+        client.ledger = SiloLedger(PrivacyLedger(path), run_key, scope, client.name)
 
 
 LEDGER_FOLDER = "privacy-ledger"  # in a run directory: each silo's privacy ledger (in-process runs)
 
 
-def give_ledgers(clients: dict[str, SiloClient], folder: Path, run_key) -> None:
+def give_ledgers(clients: dict[str, SiloClient], folder: Path, run_key,
+                 files: Mapping[str, Mapping[str, Mapping]] | None = None) -> None:
     """In-process: each silo's ledger is `folder/<silo>.jsonl` (the run directory's privacy-ledger/)."""
     for name, client in clients.items():
-        give_ledger(client, Path(folder) / f"{name}.jsonl", run_key)
+        give_ledger(client, Path(folder) / f"{name}.jsonl", run_key, files=(files or {}).get(name))
 
 
 def build_client(cfg: RunConfig, task, model, store: ClientStore, name: str, examples,

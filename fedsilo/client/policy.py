@@ -11,11 +11,13 @@ optional:
     require_dp = true                               # record-level DP-SGD ([client.dp]) on this silo
     max_epsilon = 8.0                               # its ε by the run's last round (target or planned) at most
     min_noise_multiplier = 0.8                      # the record-level σ the round trains with at least
+    max_delta = 1e-5                                # the record-level δ the silo spends its budget at, at most
+    require_noise = true                            # DP noise added on this silo (DP-SGD or silo-level distributed)
     require_secure_aggregation = true               # [federation.secure_aggregation]
     require_roster = true                           # secure aggregation with a roster of signing keys
     max_rounds = 20                                 # federation.rounds, and so every round index, at most
 
-`max_epsilon` and `min_noise_multiplier` imply `require_dp`: a bound on ε or σ means nothing for a round
+`max_epsilon`, `min_noise_multiplier` and `max_delta` imply `require_dp`: a bound on ε or σ means nothing for a round
 that trains without noise. Under any of the three, seeded noise is refused: the server chooses the run
 seed, and whoever knows it can remove the noise. σ is the smaller of what the silo's accountant holds
 and what this message's config plans (a given `noise_multiplier`, or the one derived from its
@@ -23,7 +25,9 @@ and what this message's config plans (a given `noise_multiplier`, or the one der
 only: in silo-level DP's distributed mode this silo adds σ·C/√m, a share that protects it only when the
 m − 1 others add theirs, which it cannot check; a silo that needs a bound of its own asks for DP-SGD.
 `require_roster` implies `require_secure_aggregation`: without a roster the server could swap the silos'
-keys (the protocol is then secure against an honest-but-curious server only). Values are read strictly:
+keys (the protocol is then secure against an honest-but-curious server only). `require_noise` is what
+secure aggregation alone cannot give: a sum hides one round's input among the others, but what the
+server learns across rounds only noise bounds (docs/privacy.md); it takes secret noise of either level. Values are read strictly:
 `max_rounds = true` is an error, not 1.
 """
 from __future__ import annotations
@@ -46,6 +50,8 @@ class SiloPolicy(Strict):
     require_dp: bool = False
     max_epsilon: FiniteFloat | None = Field(None, gt=0)
     min_noise_multiplier: FiniteFloat | None = Field(None, gt=0)
+    max_delta: FiniteFloat | None = Field(None, gt=0, lt=1)
+    require_noise: bool = False
     require_secure_aggregation: bool = False
     require_roster: bool = False
     max_rounds: int | None = Field(None, gt=0)
@@ -54,7 +60,8 @@ class SiloPolicy(Strict):
         """The first rule that asks for record-level DP, or None."""
         return next((name for name, on in (("require_dp", self.require_dp),
                                            ("max_epsilon", self.max_epsilon is not None),
-                                           ("min_noise_multiplier", self.min_noise_multiplier is not None)) if on),
+                                           ("min_noise_multiplier", self.min_noise_multiplier is not None),
+                                           ("max_delta", self.max_delta is not None)) if on),
                     None)
 
 
@@ -69,6 +76,8 @@ class Asked:
     dp_seeded: bool
     secure: bool
     roster: bool                 # secure aggregation whose keys this silo checks against a roster
+    dp_delta: float | None       # the record-level δ its budget is spent at; None: no DP
+    noise: bool                  # DP noise added on the silo, secret
 
 
 def read_policy(path: str | Path) -> tuple[SiloPolicy, str]:
@@ -91,6 +100,9 @@ def breach(policy: SiloPolicy, asked: Asked) -> str | None:
         if outside:
             return (f"allow_tensors: the round may send {outside[0]!r}" + (f" and {len(outside) - 1} more" if
                     len(outside) > 1 else "") + f", which matches none of {policy.allow_tensors}")
+    if policy.require_noise and not asked.noise:
+        return ("require_noise: the round adds no secret DP noise on this silo (client.dp, or federation.silo_dp "
+                "in distributed mode); secure aggregation alone does not bound what a server learns across rounds")
     return _dp_breach(policy, asked) or _secure_breach(policy, asked) or _rounds_breach(policy, asked)
 
 
@@ -105,6 +117,8 @@ def _dp_breach(policy: SiloPolicy, asked: Asked) -> str | None:
     if policy.min_noise_multiplier is not None and asked.dp_sigma < policy.min_noise_multiplier * (1 - 1e-9):
         return (f"min_noise_multiplier: the round would train with σ = {asked.dp_sigma:.3g} < "
                 f"{policy.min_noise_multiplier:g}")
+    if policy.max_delta is not None and asked.dp_delta > policy.max_delta * (1 + 1e-9):
+        return f"max_delta: the round would spend this silo's budget at δ = {asked.dp_delta:.3g} > {policy.max_delta:g}"
     if policy.max_epsilon is not None and asked.dp_epsilon > policy.max_epsilon * (1 + 1e-9):
         return f"max_epsilon: the run would take this silo to ε = {asked.dp_epsilon:.3f} > {policy.max_epsilon:g}"
     return None

@@ -8,6 +8,7 @@ previous round, personal models), its optimiser state when that persists, and sm
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -36,6 +37,14 @@ from .trainers import RoundWork
 def client_seed(seed: int, round_idx: int, silo_idx: int) -> int:
     """Distinct, reproducible randomness per (run seed, round, silo)."""
     return (seed * 1_000_003 + round_idx * 10_007 + silo_idx) % (2**63)
+
+
+def secret_seed(secret: bytes, seed: int, run: str, received: str) -> int:
+    """A seed the server can neither predict nor repeat at will: the silo's secret (kept in its state, never
+    sent) with the round's seed, the run and the sha256 of the model received. The same message again (a
+    resume) gives the same seed; any other — a nudged model, a new run key — an unrelated one."""
+    material = b"\0".join([secret, seed.to_bytes(8, "little"), run.encode(), received.encode()])
+    return int.from_bytes(hashlib.sha256(material).digest()[:8], "little") % (2**63)
 
 
 def federated_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
@@ -71,6 +80,8 @@ class SiloClient:
         self.recipe, self.policy = recipe, None
         self.identity = None  # the silo's signing key and roster (fedsilo.privacy.roster), set by its operator
         self.ledger: SiloLedger | None = None  # its privacy ledger (fedsilo.privacy.ledger), set by its operator
+        self.secret: bytes | None = None  # its secret randomness under secure aggregation (secret_seed), its operator's
+        self.unmasked_allowed = False  # with a roster, an unmasked round only where its operator opts out by name
         self.index, self.cfg, self.plan, self.rounds = recipe.index, recipe.settings, recipe.plan, recipe.rounds
         self.precision = recipe.precision
         self.shared_names, self.private_names = self.plan.split(federated_parameters(model))
@@ -146,8 +157,10 @@ class SiloClient:
             self.store.put(self.name, ClientState(stored.slots, stored.meta))
             return dataclasses.replace(stored.update, tensors={k: t.to(device) for k, t in stored.update.tensors.items()})
         state = self._state()
-        work = RoundWork(round_idx, seed, client_seed(seed, round_idx, self.index), received, state,
-                         trainer.accountant(self), on_step)
+        run_seed = client_seed(seed, round_idx, self.index)
+        if self.secret is not None and self.mask is not None:
+            run_seed = secret_seed(self.secret, run_seed, self.ledger.run, admitted.received)
+        work = RoundWork(round_idx, seed, run_seed, received, state, trainer.accountant(self), on_step)
         self._check(work)
         work.received = self._receive(received, state)
         examples, phases = self._before_training(work, start)
@@ -180,6 +193,13 @@ class SiloClient:
         return self.recipe.trainer.private or (release is not None and bool(release.accounted())) or \
             self.mask is not None
 
+    @property
+    def adds_noise(self) -> bool:
+        """Whether this silo's releases carry DP noise the server cannot remove (secret, added on the silo)."""
+        release, dp = self.recipe.release, self.cfg.dp
+        return (self.recipe.trainer.private and dp is not None and not dp.seeded) or \
+            (release is not None and release.std > 0 and not release.seeded)
+
     def admit(self, round_idx: int, received: Tensors) -> Admission:
         """The ledger's stage, first of all: a round not above this run's last release is refused
         (SiloRefused), unless it provably re-sends that release (fedsilo.privacy.ledger)."""
@@ -204,6 +224,10 @@ class SiloClient:
         reason = refusal(self.recipe.checks, RoundInstructions(work.round, self.name, self.plan.upload_transforms))
         if reason:
             raise SiloRefused(reason)
+        if self.identity is not None and self.mask is None and not self.unmasked_allowed:
+            raise SiloRefused(f"silo {self.name} holds a roster: it sends no update in the clear "
+                              "(federation.secure_aggregation is not set); its operator opts out by name with the "
+                              "node config allow-unmasked=true")
         if self.policy is not None:
             rule = breach(self.policy[0], self._asked(work))
             if rule:
@@ -284,7 +308,8 @@ class SiloClient:
             if budget is not None else None
         secure = self.mask is not None
         return Asked(work.round, self.rounds, tuple(self.shared_names), epsilon, sigma,
-                     self.cfg.dp is not None and self.cfg.dp.seeded, secure, secure and self.identity is not None)
+                     self.cfg.dp is not None and self.cfg.dp.seeded, secure, secure and self.identity is not None,
+                     budget.delta if budget is not None else None, self.adds_noise)
 
     def _reference(self, own: Tensors, received: Tensors) -> Tensors | None:
         """What an upload selector compares this round's tensors with: the client's own at the end of its

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from fedsilo.core.messages import ClientUpdate
+from fedsilo.core.transforms import SiloRefused
 from fedsilo.errors import ConfigError
 
 from .private import Budget, check_budget, plan_budget, sampling, steps_per_round, train_private
@@ -102,17 +103,34 @@ class DPSGDTrainer(PlainTrainer):
 
     def accountant(self, client) -> Budget:
         """History: every record-level release of the silo's scope (its data), every run; σ: this run's, or
-        planned for this run's rounds on top of that history."""
-        ledger, cfg, n = client.ledger, client.cfg, len(client.examples)
+        planned for this run's rounds on top of that history; δ: the scope's, pinned by its first release
+        (a config without δ takes it; one with another δ is refused in `refuse`)."""
+        ledger, n = client.ledger, len(client.examples)
+        dp = self._dp(client)
         spent, ours = ledger.history(LEVEL), ledger.this_run(LEVEL)
         if not ours:
             with _named(client):
-                return plan_budget(cfg.dp, n, cfg.batch_size, self.steps(client), client.rounds, spent)
-        q, delta = sampling(cfg.dp, n, cfg.batch_size)
-        return Budget(ours[0][0], q, delta, cfg.dp.target_epsilon, spent)
+                return plan_budget(dp, n, client.cfg.batch_size, self.steps(client), client.rounds, spent)
+        q, delta = sampling(dp, n, client.cfg.batch_size)
+        return Budget(ours[0][0], q, delta, dp.target_epsilon, spent)
+
+    @staticmethod
+    def _dp(client):
+        """The config's DP settings with δ unset taken from the scope's pinned δ."""
+        dp, pinned = client.cfg.dp, client.ledger.pinned_delta(LEVEL)
+        return dp.model_copy(update={"delta": pinned[0]}) if dp.delta is None and pinned else dp
 
     def refuse(self, client, work: RoundWork) -> None:
-        """BudgetSpent before anything is trained when the round would pass the target ε."""
+        """SiloRefused for a δ that is not the scope's, or one of 1/n or more (such a δ allows releasing a
+        record outright); BudgetSpent before anything is trained when the round would pass the target ε."""
+        delta, n, pinned = work.budget.delta, len(client.examples), client.ledger.pinned_delta(LEVEL)
+        if pinned and abs(delta - pinned[0]) > 1e-12 * pinned[0]:
+            raise SiloRefused(f"client.dp.delta = {delta:.3g}: silo {client.name}'s data spends its budget at "
+                              f"δ = {pinned[0]:.3g}, pinned by its first release ({pinned[1]}); a message does "
+                              "not change it")
+        if delta * n >= 1:
+            raise SiloRefused(f"client.dp.delta = {delta:.3g}: at least 1/n for silo {client.name}'s n = {n} "
+                              "examples, a δ that allows releasing one of them outright; it trains nothing")
         check_budget(work.budget, self.steps(client), client.name, work.round)
 
     def projected_epsilon(self, client, work: RoundWork) -> float:

@@ -33,7 +33,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,9 +48,9 @@ from fedsilo.core.transforms import SiloRefused
 from fedsilo.fileio import atomic_write_bytes
 
 from .accountant import Budget
+from .ledger_lines import VERSION, check_entry
 
 LEDGER_FILE = "privacy-ledger.jsonl"  # a SuperNode's default, in its state folder (outside every run's)
-VERSION = 1
 
 
 class LedgerRefused(SiloRefused):
@@ -62,13 +62,24 @@ class BudgetTaken(LedgerRefused):
     final = True
 
 
-def data_scope(examples: Sequence) -> str:
-    """The default scope: a fingerprint of the silo's training examples (order does not matter), so
-    runs on the same data share one budget whatever their run key or config."""
+def data_scope(files: Mapping[str, Mapping]) -> str:
+    """The default scope: the data the operator gave the silo — the sha256 of each file it reads (its own
+    files or its benchmark silo's, whatever the config then subsamples, splits or filters), where they
+    lie not counted — so every run on any subset of it shares one budget, whatever its run key or config."""
+    h = hashlib.sha256()
+    for digest in sorted(str(f["sha256"]) for f in files.values()):
+        h.update(digest.encode())
+    return f"data:{h.hexdigest()[:16]}"
+
+
+def examples_scope(examples: Sequence) -> str:
+    """The scope of a silo whose task reads no files it can name (a plug-in without `inspect`): a
+    fingerprint of its training examples (order does not matter). A subset is another scope here: such a
+    task's subsampling settings are the server's, so its docs must say so (docs/privacy.md)."""
     h = hashlib.sha256()
     for item in sorted(hashlib.sha256(repr(e).encode()).digest() for e in examples):
         h.update(item)
-    return f"data:{h.hexdigest()[:16]}"
+    return f"examples:{h.hexdigest()[:16]}"
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -99,7 +110,9 @@ class PrivacyLedger:
     def entries(self) -> list[dict]:
         """Every complete line. A torn last line (no newline: the writer was killed inside the write) is
         no release: the line is fsynced before an update leaves. Any other bad line is a ValueError
-        naming file:line — a ledger that cannot be read allows no DP round."""
+        naming file:line (and the field: fedsilo.privacy.ledger_lines) — a ledger that cannot be read
+        allows no DP round."""
+
         try:
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
@@ -113,9 +126,7 @@ class PrivacyLedger:
                 entry = json.loads(line)
             except json.JSONDecodeError as err:
                 raise ValueError(f"privacy ledger {self.path}:{lineno}: malformed JSON ({err.msg})") from None
-            if not isinstance(entry, dict) or not {"run", "round", "scope", "mechanisms"} <= set(entry):
-                raise ValueError(f"privacy ledger {self.path}:{lineno}: not a ledger entry")
-            out.append(entry)
+            out.append(check_entry(entry, f"{self.path}:{lineno}"))
         return out
 
     def append(self, entry: dict, admit: Callable[[list[dict]], None] | None = None) -> None:
@@ -264,7 +275,7 @@ def read_resend(path: Path) -> tuple[dict[str, str], Resend]:
 class SiloLedger:
     """The ledger stage of one silo's round (SiloClient.fit): `admit` before anything else, `record` after
     the update is built and before it leaves. `run_key`: this run's key (or a function giving it once
-    the run exists); `scope`: whose budget (default: `data_scope` of the silo's examples)."""
+    the run exists); `scope`: whose budget (default: `data_scope` of the silo's files)."""
     ledger: PrivacyLedger
     run_key: str | Callable[[], str]
     scope: str
@@ -303,11 +314,14 @@ class SiloLedger:
         """SiloRefused for a round not above this run's last release, unless it is a provable re-send
         (then the stored release); `secure`: the update would be masked (secure aggregation)."""
         digest = received_digest(received)
-        mine = [e for e in self.entries() if e["run"] == self.run]
+        entries = self.entries()
+        mine = [e for e in entries if e["run"] == self.run]
+        where = f"privacy ledger {self.ledger.path}"
         if not mine or round_idx > max(int(e["round"]) for e in mine):
+            if secure:
+                self._refuse_second_sum(entries, digest, round_idx, where)
             return Admission(digest)
         last = max(mine, key=lambda e: int(e["round"]))
-        where = f"privacy ledger {self.ledger.path}"
         if round_idx < int(last["round"]) or last["received"] != digest:
             differs = "" if round_idx < int(last["round"]) else " with another global model than the one it answered"
             raise LedgerRefused(f"{where}: round {round_idx}{differs} is not above round {last['round']}, the last "
@@ -326,6 +340,29 @@ class SiloLedger:
             raise LedgerRefused(f"{where}: round {round_idx} again, but {self.resend_path} is not the release its "
                                 "ledger line names (sha256 differs); nothing is sent")
         return Admission(digest, stored)
+
+    def _refuse_second_sum(self, entries: list[dict], digest: str, round_idx: int, where: str) -> None:
+        """No second masked input trained from a model this scope already masked an input from, in any run:
+        two sums whose other inputs repeat (training is a function of what the server sends) differ by
+        this silo's input (Lam et al. 2021). A secure round that failed after the silo masked is not
+        retried on the same model either: the silo cannot know that the server did not unmask it."""
+        before = next((e for e in entries if e["scope"] == self.scope and e.get("masked") and e["received"] == digest),
+                      None)
+        if before is not None:
+            raise LedgerRefused(f"{where}: round {round_idx} would mask a second input trained from the model this "
+                                f"silo already masked one from (run {before['run']!r}, round {before['round']}); two "
+                                "sums over the same model give their difference to the server, so it is not sent")
+
+    def pinned_delta(self, level: str) -> tuple[float, str] | None:
+        """The δ this scope spends its budget at (level `level`): the first release's, and where it is
+        written; None before its first release. A message does not change it."""
+        for lineno, e in enumerate(self.entries(), start=1):
+            if e["scope"] != self.scope:
+                continue
+            for m in e["mechanisms"]:
+                if m["level"] == level and m.get("delta") is not None:
+                    return float(m["delta"]), f"{self.ledger.path} (run {e['run']!r}, round {e['round']})"
+        return None
 
     def record(self, round_idx: int, admission: Admission, update: ClientUpdate, mechanisms: list[dict],
                slots: dict[str, Tensors], meta: dict, masked: bool) -> None:

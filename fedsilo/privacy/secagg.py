@@ -78,7 +78,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from fedsilo.privacy.roster import SIGNATURE_BYTES, Identity, ephemeral_identities
 
-from .secagg_parts import (_CHUNK, HEADROOM, SHARE_BYTES, SecAggSettings, _aad, _advert_message,
+from .secagg_parts import (_CHUNK, COMMIT_BYTES, HEADROOM, SHARE_BYTES, SecAggSettings, _aad, _advert_message,
                            _agree, _check_keys, _check_round, _positions, _quorum, _survivors_message, _unknown,
                            add_prg, colluders_tolerated, decode, derive_key, encode, shamir_combine, shamir_split)
 
@@ -98,7 +98,7 @@ class SecAggClient:
     """
 
     def __init__(self, name: str, clients: Sequence[str], settings: SecAggSettings, round_id: int | str = 0,
-                 identity: Identity | None = None):
+                 identity: Identity | None = None, commitment: bytes = b""):
         self.index = _positions(clients)
         if name not in self.index:
             raise ValueError(f"secure aggregation client {name!r} is not among {list(self.index)}")
@@ -107,6 +107,9 @@ class SecAggClient:
         self.threshold = settings.threshold_for(len(self.index))
         self.round_id = _check_round(round_id)
         self.identity = identity
+        if not isinstance(commitment, bytes) or len(commitment) not in (0, COMMIT_BYTES):
+            raise ValueError(f"secure aggregation: a round commitment is {COMMIT_BYTES} bytes (round_commitment)")
+        self.commitment = commitment  # what this silo's round trains from (round_commitment); b"": none
         if identity is not None:
             self._check_identity(identity)
         self._c_key = X25519PrivateKey.generate()  # keys the stage-2 packets
@@ -136,6 +139,7 @@ class SecAggClient:
         return json.dumps({
             "name": self.name, "clients": list(self.index), "threshold": self.settings.threshold,
             "step": self.settings.step, "round_id": self.round_id, "stage": self._stage,
+            "commitment": self.commitment.hex(),
             "c_key": self._c_key.private_bytes_raw().hex(), "s_key": self._s_key.private_bytes_raw().hex(),
             "b": self._b.hex(),
             "public_keys": {n: {k: v.hex() for k, v in keys.items()} for n, keys in self._public_keys.items()},
@@ -147,7 +151,7 @@ class SecAggClient:
     def from_state(cls, data: bytes, identity: Identity | None = None) -> "SecAggClient":
         state = json.loads(data)
         client = cls(state["name"], state["clients"], SecAggSettings(state["threshold"], state["step"]),
-                     state["round_id"], identity)
+                     state["round_id"], identity, bytes.fromhex(state["commitment"]))
         client._c_key = X25519PrivateKey.from_private_bytes(bytes.fromhex(state["c_key"]))
         client._s_key = X25519PrivateKey.from_private_bytes(bytes.fromhex(state["s_key"]))
         client._b = bytes.fromhex(state["b"])
@@ -176,9 +180,9 @@ class SecAggClient:
     def advertise_keys(self) -> dict:
         """Stage 1: this client's two public keys, signed with its identity when it has one."""
         c_pk, s_pk = self._keys()
-        advert = {"c_pk": c_pk, "s_pk": s_pk}
+        advert = {"c_pk": c_pk, "s_pk": s_pk, "commit": self.commitment}
         if self.identity is not None:
-            advert["sig"] = self.identity.sign(_advert_message(self.round_id, self.name, c_pk, s_pk))
+            advert["sig"] = self.identity.sign(_advert_message(self.round_id, self.name, c_pk, s_pk, self.commitment))
         return advert
 
     def share_keys(self, public_keys: Mapping[str, Mapping]) -> dict[str, bytes]:
@@ -191,11 +195,17 @@ class SecAggClient:
         _check_keys(public_keys)
         if self.identity is not None:
             forged = [peer for peer, keys in public_keys.items() if peer != self.name and not self.identity.roster.verify(
-                peer, keys.get("sig", b""), _advert_message(self.round_id, peer, keys["c_pk"], keys["s_pk"]))]
+                peer, keys.get("sig", b""), _advert_message(self.round_id, peer, keys["c_pk"], keys["s_pk"],
+                                                            keys.get("commit", b"")))]
             if forged:
                 raise ValueError(f"secure aggregation: the keys advertised for {forged} carry no valid roster "
                                  f"signature of theirs for this round (swapped or forged); {self.name!r} shares "
                                  "nothing")
+        other = [peer for peer, keys in public_keys.items() if keys.get("commit", b"") != self.commitment]
+        if other:
+            raise ValueError(f"secure aggregation: {other} committed to another model or training config for round "
+                             f"{self.round_id} than {self.name!r} (the server sent the silos different messages); "
+                             f"{self.name!r} shares nothing and masks nothing")
         _quorum(len(public_keys), self.threshold, len(self.index), "advertised keys")
         self._public_keys = {name: {"c_pk": keys["c_pk"], "s_pk": keys["s_pk"]} for name, keys in public_keys.items()}
         n = len(self.index)
@@ -249,7 +259,8 @@ class SecAggClient:
         return y
 
     def _survivors_message(self, survivors: Sequence[str]) -> bytes:
-        return _survivors_message(self.round_id, list(self.index), self.threshold, survivors, self._public_keys)
+        return _survivors_message(self.round_id, list(self.index), self.threshold, survivors, self._public_keys,
+                                  self.commitment)
 
     def consistency(self, survivors: Collection[str]) -> dict:
         """Stage 4: check the survivor set U3 against this client's own view and sign it, once."""

@@ -15,6 +15,7 @@ relative 2^-53, once ``|sum| > 2^53 * step``). An input coordinate with ``|x| >=
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Collection, Mapping, Sequence
@@ -156,17 +157,30 @@ def _aad(sender: str, recipient: str, round_id: int | str) -> bytes:
     return json.dumps(["fedsilo secagg share packet", sender, recipient, round_id]).encode()
 
 
-def _advert_message(round_id: int | str, name: str, c_pk: bytes, s_pk: bytes) -> bytes:
-    """What a client signs in stage 1: its two public keys for this round, under its name."""
-    return json.dumps(["fedsilo secagg keys", round_id, name, c_pk.hex(), s_pk.hex()]).encode()
+COMMIT_BYTES = 32  # a round commitment: sha256 (fedsilo.privacy.secagg_parts.round_commitment)
+
+
+def round_commitment(run_key: str, round_idx: int, model_digest: str, config_digest: str) -> bytes:
+    """What a silo commits to in its stage-1 advert: the run, the round, the model it will train from and
+    its training config, as it resolved them. Every peer of a round must commit the same, or none masks:
+    a server that sends two silos different models or learning rates would learn the third's input."""
+    return hashlib.sha256(json.dumps(["fedsilo round", run_key, round_idx, model_digest, config_digest]).encode()
+                          ).digest()
+
+
+def _advert_message(round_id: int | str, name: str, c_pk: bytes, s_pk: bytes, commit: bytes = b"") -> bytes:
+    """What a client signs in stage 1: its two public keys for this round, under its name, and its round
+    commitment."""
+    return json.dumps(["fedsilo secagg keys", round_id, name, c_pk.hex(), s_pk.hex(), commit.hex()]).encode()
 
 
 def _survivors_message(round_id: int | str, clients: Sequence[str], threshold: int, survivors: Sequence[str],
-                       public_keys: Mapping[str, Mapping]) -> bytes:
+                       public_keys: Mapping[str, Mapping], commit: bytes = b"") -> bytes:
     """What a client signs in stage 4: the survivor set, with everything two clients' views must share for
-    their signatures to count together (the round, the client list and its order, t, the survivors' keys)."""
+    their signatures to count together (the round, the client list and its order, t, the survivors' keys,
+    the round commitment)."""
     keys = [[v, public_keys[v]["c_pk"].hex(), public_keys[v]["s_pk"].hex()] for v in survivors]
-    return json.dumps(["fedsilo secagg survivors", round_id, list(clients), threshold, keys]).encode()
+    return json.dumps(["fedsilo secagg survivors", round_id, list(clients), threshold, keys, commit.hex()]).encode()
 
 
 def _check_keys(public_keys: Mapping[str, Mapping]) -> None:
@@ -174,8 +188,9 @@ def _check_keys(public_keys: Mapping[str, Mapping]) -> None:
         if not isinstance(keys, Mapping) or not all(isinstance(keys.get(k), bytes) and len(keys[k]) == 32
                                                     for k in ("c_pk", "s_pk")):
             raise ValueError(f"secure aggregation: {name!r} advertised malformed keys")
-        sig = keys.get("sig", b"")
-        if set(keys) - {"c_pk", "s_pk", "sig"} or not isinstance(sig, bytes) or len(sig) not in (0, SIGNATURE_BYTES):
+        sig, commit = keys.get("sig", b""), keys.get("commit", b"")
+        if set(keys) - {"c_pk", "s_pk", "sig", "commit"} or not isinstance(sig, bytes) or \
+                len(sig) not in (0, SIGNATURE_BYTES) or not isinstance(commit, bytes) or len(commit) not in (0, COMMIT_BYTES):
             raise ValueError(f"secure aggregation: {name!r} advertised malformed keys")
     seen: dict[bytes, str] = {}
     for name, keys in public_keys.items():

@@ -87,15 +87,23 @@ def run_simulation(cfg: RunConfig, out: Path, resume: bool = False, show_progres
     os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
     from flwr.simulation import run_simulation as flwr_run_simulation
 
-    from fedsilo.engines.flower.client_app import app as client_app  # built here only: no ServerApp needs one
+    from fedsilo.engines.flower.client_app import SIMULATION, app as client_app  # built here only: no ServerApp needs one
 
-    flwr_run_simulation(
-        server_app=make_server_app(cfg, Path(out), resume, show_progress),
-        client_app=client_app,
-        num_supernodes=len(cfg.task.client_names()),
-        backend_config={"client_resources": {"num_cpus": cfg.flower.num_cpus, "num_gpus": 0.0},
-                        "init_args": {"num_cpus": max(1, os.cpu_count() or 1), "include_dashboard": False}},
-    )
+    before = os.environ.get(SIMULATION)
+    os.environ[SIMULATION] = "1"  # its virtual silos know they are one operator's (Ray's workers inherit it)
+    try:
+        flwr_run_simulation(
+            server_app=make_server_app(cfg, Path(out), resume, show_progress),
+            client_app=client_app,
+            num_supernodes=len(cfg.task.client_names()),
+            backend_config={"client_resources": {"num_cpus": cfg.flower.num_cpus, "num_gpus": 0.0},
+                            "init_args": {"num_cpus": max(1, os.cpu_count() or 1), "include_dashboard": False}},
+        )
+    finally:  # a deployment this process starts later must not inherit it
+        if before is None:
+            os.environ.pop(SIMULATION, None)
+        else:
+            os.environ[SIMULATION] = before
     results = Path(out) / "results.json"
     if not results.exists():
         raise RuntimeError(f"the Flower simulation ended without results in {out} (see the log above)")

@@ -291,7 +291,7 @@ def run_local(cfg: RunConfig, run: RunDir, resume: bool = False, progress: Progr
         warnings.simplefilter("always", UserWarning)
         model, tokenizer = build_model(cfg)  # an unusable device fails here, the run directory untouched
         run.prepare(cfg, resume)  # a refused run directory is left as it was, before the data is read
-        check_at_start(cfg, run.path, resume, progress.warn)
+        checks = check_at_start(cfg, run.path, resume, progress.warn)
         task = build_task(cfg, tokenizer)
     for message in _surface(caught):
         progress.warn(message)
@@ -302,7 +302,8 @@ def run_local(cfg: RunConfig, run: RunDir, resume: bool = False, progress: Progr
     with warnings.catch_warnings(record=True) as caught:  # e.g. a token cache entry rebuilt
         warnings.simplefilter("always", UserWarning)
         engine = LocalEngine(cfg, task, model, store, recipe, policies)
-    give_ledgers(engine.clients, run.path / LEDGER_FOLDER, run.run_id)  # each DP silo's privacy ledger
+    give_ledgers(engine.clients, run.path / LEDGER_FOLDER, run.run_id,  # each DP silo's privacy ledger
+                 {c.name: c.files for c in checks})
     for message in _surface(caught):
         progress.warn(message)
     progress.log(f"{len(engine.client_names)} silo(s) on {engine.device}: {engine.threads} CPU thread(s) "

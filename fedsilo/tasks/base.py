@@ -230,10 +230,21 @@ def without_items(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
     return [{k: v for k, v in row.items() if k != "items"} for row in rows]
 
 
+EVALUATION_SPLITS = ("dev", "test")  # a task may add its own (`evaluation_splits`), never the training split
+
+
 def evaluate_rows(task: Task, model: torch.nn.Module, client: str, split: str, progress=None,
                   final: bool = False) -> list[dict]:
     """One client's evaluation rows; the final test evaluation (`final`) also keeps each item's stats
-    where the task can (`ItemStats`). The one place the engines (in-process and a Flower silo) ask."""
+    where the task can (`ItemStats`). The one place the engines (in-process and a Flower silo) ask, so a
+    split the silo does not evaluate (its training records' statistics would leave it, outside any DP
+    accountant) is refused by name whoever asks."""
+    from fedsilo.core.transforms import SiloRefused  # here: reading results (the report) imports no torch
+
+    allowed = tuple(dict.fromkeys((*EVALUATION_SPLITS, *getattr(task, "evaluation_splits", ()))))
+    if split not in allowed or split == "train":
+        raise SiloRefused(f"silo {client}: evaluation of split {split!r} refused: a silo evaluates only "
+                          f"{', '.join(allowed)}")
     if final and isinstance(task, ItemStats):
         return task.evaluate_items(model, client, split, progress=progress, final=final)
     return task.evaluate(model, client, split, progress=progress, final=final)

@@ -81,7 +81,17 @@ class ScriptedServer:
         return update, None
 
     def query(self, action: str, run_key: str | None = None, override: dict | None = None, records=None, **config):
+        """A query; the stage-1 key request names, unless told otherwise, the digest of the model an honest
+        server sends next (`global_params`): the model the silo commits to."""
+        if action == "secagg_keys" and "model-digest" not in config:
+            config["model-digest"] = self.model_digest()
+        config = {k: v for k, v in config.items() if v is not None}
         return self.send(f"query.{action}", self.config(run_key, override, **config), **(records or {}))
+
+    def model_digest(self, params: dict | None = None) -> str:
+        """sha256 of a model as the silo reads it from a train message (fedsilo.privacy.ledger.received_digest)."""
+        from fedsilo.privacy.ledger import received_digest
+        return received_digest(from_arrays(to_arrays(self.global_params() if params is None else params)))
 
     def seen_by_server(self, message_type: str, records=None, **config) -> str:
         """Everything the coordinator receives for one message, as text: the reply's records, or, when

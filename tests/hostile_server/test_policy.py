@@ -102,7 +102,10 @@ def test_every_rule_is_read_from_the_message_that_asks_not_an_earlier_one(tmp_pa
 def test_require_roster_refuses_a_round_without_a_roster(tmp_path):
     server = silo(tmp_path, "require_roster = true\n")
     assert "in the clear" in refused_by(server, 1, "require_roster")
-    assert "without a roster" in refused_by(server, 1, "require_roster", federation={"secure_aggregation": {}})
+    secure = {"federation": {"secure_aggregation": {}}}
+    server.query("secagg_keys", round=1, silos=["alpha", "beta", "gamma"], override=secure,
+                 **{"protocol-round": "run-1/1"})  # stage 1 first: the silo commits before it trains
+    assert "without a roster" in refused_by(server, 1, "require_roster", **secure)
 
 
 def test_require_roster_admits_secure_aggregation_with_the_silos_roster(tmp_path):
@@ -129,7 +132,7 @@ def test_require_roster_admits_secure_aggregation_with_the_silos_roster(tmp_path
     (True, True, None),
 ])
 def test_require_roster_needs_secure_aggregation_with_a_roster(secure, roster, rule):
-    asked = Asked(1, 1, ("w",), None, None, False, secure, roster)
+    asked = Asked(1, 1, ("w",), None, None, False, secure, roster, None, False)
     found = breach(SiloPolicy(require_roster=True), asked)
     assert found == rule if rule is None else found.startswith(rule)
 

@@ -164,7 +164,8 @@ def test_split_views_over_the_clientapp(tmp_path, monkeypatch, with_roster):
     raw = toy_raw(federation={"secure_aggregation": {}})
     parties = {n: AppParty(ScriptedServer(raw, n, tmp_path / n, **node_identity(tmp_path, ids.get(n))), names)
                for n in names[:3]}
-    parties.update({n: SecAggClient(n, names, SecAggSettings(), RID, ids.get(n)) for n in names[3:]})
+    commit = parties["alpha"].advertise_keys()["commit"]  # the round every silo commits to (they are all sent it)
+    parties.update({n: SecAggClient(n, names, SecAggSettings(), RID, ids.get(n), commit) for n in names[3:]})
     length = masked_length(raw, tmp_path)
     got, refusals = split_view_attack(parties, names, length)
     if with_roster:
@@ -209,7 +210,8 @@ def test_key_swap_over_the_clientapp(tmp_path, monkeypatch, with_roster):
                      names)
     keys = {"alpha": alpha.advertise_keys()}
     assert ("sig" in keys["alpha"]) == with_roster  # without a roster nothing is signed: the run says semi-honest
-    impostors = {n: SecAggClient(n, names, SecAggSettings(), RID) for n in ("beta", "gamma")}  # the server's keys
+    impostors = {n: SecAggClient(n, names, SecAggSettings(), RID, commitment=keys["alpha"]["commit"])
+                 for n in ("beta", "gamma")}  # the server's keys, committing what alpha committed (it reads it)
     keys.update({n: f.advertise_keys() for n, f in impostors.items()})
     if with_roster:
         with pytest.raises(SiloRefused, match=r"the keys advertised for \['beta', 'gamma'\] carry no valid roster "

@@ -25,7 +25,7 @@ from fedsilo.config import ConfigError, RunConfig, validate
 from fedsilo.core.transforms import SiloRefused
 from fedsilo.errors import DataError, FedsiloError, UnknownChoice
 from fedsilo.models.precision import autocast
-from fedsilo.privacy.ledger import LEDGER_FILE
+from fedsilo.privacy.ledger import LEDGER_FILE, received_digest
 from fedsilo.rundir.datacheck import check_at_start
 from fedsilo.sources.confine import confine, silo_folder
 from fedsilo.tasks.base import evaluate_rows
@@ -116,16 +116,58 @@ def _warn_here(message: str) -> None:
     print(f"fedsilo: warning: {message}", file=sys.stderr, flush=True)
 
 
-def ledger_path(node_config: dict, root: Path, run_key: str) -> Path:
+SIMULATION = "FEDSILO_FLOWER_SIMULATION"  # "1" in fedsilo's own Flower simulation (fedsilo.runs.flower), whose
+# Ray workers inherit it from the process that runs every silo: the environment is the operator's, no message sets it
+SECRET_FILE = "silo-secret"
+
+
+def in_simulation() -> bool:
+    return os.environ.get(SIMULATION) == "1"
+
+
+def ledger_path(node_config: dict, root: Path, run_key: str) -> Path | None:
     """The silo's privacy ledger (fedsilo.privacy.ledger): its node config's `ledger`, else beside its
-    state, outside every run key's folder, so a new run key adds to it. Flower's simulation gives its
-    virtual nodes neither `silo` nor `state-dir`: one operator runs every silo there, and the ledger is
-    the run's."""
+    state (`silo` or `state-dir` set), outside every run key's folder, so a new run key adds to it.
+    fedsilo's own simulation gives its virtual nodes neither: one operator runs every silo there, and
+    the ledger is the run's. A SuperNode configured otherwise (Flower's examples' `partition-id` alone)
+    names no place (None): a silo that keeps a ledger is refused there, as a ledger kept per run key
+    would let every new run spend the budget again."""
     if "ledger" in node_config:
         return Path(str(node_config["ledger"]))
     if "silo" in node_config or "state-dir" in node_config:
         return root / LEDGER_FILE
-    return root / run_key / LEDGER_FILE
+    if in_simulation():
+        return root / run_key / LEDGER_FILE
+    return None
+
+
+def silo_secret(node_config: dict, root: Path) -> bytes | None:
+    """32 random bytes in the silo's state folder (0600), made once and never sent: under secure aggregation
+    they enter its data order and dropout, so that what the server sends does not decide the silo's input
+    (fedsilo.client.silo.secret_seed). None in fedsilo's simulation (one operator) and where the operator
+    opts out by name (`secret-randomness=false`: runs that must equal an in-process run's numbers)."""
+    if in_simulation() or str(node_config.get("secret-randomness", True)).lower() == "false":
+        return None
+    path = Path(root) / SECRET_FILE
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        secret = path.read_bytes()
+        if len(secret) != 32:
+            raise ConfigError(f"{path}: the silo's secret is {len(secret)} bytes, not 32 (remove it: a new one is "
+                              "made)") from None
+        return secret
+    secret = os.urandom(32)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(secret)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return secret
+
+
+def _opted_out(node_config: dict, key: str) -> bool:
+    return str(node_config.get(key, False)).lower() == "true"
 
 
 def silo_for(message: Message, context: Context) -> Silo:
@@ -135,30 +177,44 @@ def silo_for(message: Message, context: Context) -> Silo:
     conf = message.content["config"]
     text = str(conf["config"])
     cfg = validate(tomllib.loads(text), "config from the ServerApp")
-    name = silo_name(cfg, context.node_config)
-    data_dir = context.node_config.get("data-dir", cfg.task.data_dir)
-    root = context.node_config.get("state-dir") or Path(tempfile.gettempdir()) / "fedsilo-flower-state" / name
-    policy = context.node_config.get("policy")  # the silo's own rules (fedsilo.client.policy), not the server's
-    ledger = ledger_path(context.node_config, Path(root), str(conf["run-key"]))
-    scope = context.node_config.get("ledger-scope")
+    node = context.node_config
+    name = silo_name(cfg, node)
+    data_dir = node.get("data-dir", cfg.task.data_dir)
+    root = node.get("state-dir") or Path(tempfile.gettempdir()) / "fedsilo-flower-state" / name
+    policy = node.get("policy")  # the silo's own rules (fedsilo.client.policy), not the server's
+    ledger = ledger_path(node, Path(root), str(conf["run-key"]))
+    scope = node.get("ledger-scope")
     key = (hashlib.sha256(text.encode()).hexdigest(), str(conf["run-key"]), name, data_dir, str(root), policy,
-           str(ledger), scope)
+           str(ledger), scope, in_simulation())
     if key not in _SILOS:
         if cfg.engine.threads != "auto":  # each silo is a process of its own: the threads are all its own
             torch.set_num_threads(cfg.engine.threads)
         # this machine's view: its own silo, its own files (the SuperNode's silo-path and data-dir)
-        own = cfg.model_copy(update={"task": silo_view(cfg.task, name, data_dir, context.node_config.get("silo-path"),
-                                                       deployed="silo" in context.node_config)})
+        own = cfg.model_copy(update={"task": silo_view(cfg.task, name, data_dir, node.get("silo-path"),
+                                                       deployed="silo" in node)})
         model, tokenizer = build_model(own)
         state = Path(root) / str(conf["run-key"])  # the run key is its run id
-        check_at_start(own, state, True, _warn_here, silos=[name])  # fingerprints kept on the silo's disk
+        checks = check_at_start(own, state, True, _warn_here, silos=[name])  # fingerprints kept on the silo's disk
         task = build_task(own, tokenizer, clients=[name])
         store = DiskStore(state, str(conf["run-key"]))
         client = build_client(cfg, task, model, store, name, task.examples(name, "train"))
         if policy:
             client.policy = read_policy(str(policy))
-        client.identity = _identity(name, context.node_config)  # from the silo's node config, never a message
-        give_ledger(client, ledger, str(conf["run-key"]), scope)  # its place the operator's, never a message's
+        client.identity = _identity(name, node)  # from the silo's node config, never a message
+        client.unmasked_allowed = _opted_out(node, "allow-unmasked")
+        if client.keeps_ledger:
+            if ledger is None:
+                raise ConfigError(f"silo {name} releases under DP or secure aggregation, but its SuperNode's node "
+                                  "config names no place for its privacy ledger: set state-dir (or ledger), e.g. "
+                                  "--node-config 'state-dir=\"/var/lib/fedsilo/SILO\"'; a ledger kept per run key "
+                                  "would let every new run spend its budget again")
+            client.secret = silo_secret(node, Path(root))
+        give_ledger(client, ledger, str(conf["run-key"]), scope,  # its place the operator's, never a message's
+                    files=next((c.files for c in checks if c.name == name), None))
+        if client.identity is not None and not client.adds_noise:
+            _warn_here(f"silo {name} holds a roster but adds no DP noise: secure aggregation hides one round's "
+                       "input among the others, not what a server learns across rounds (docs/privacy.md); a policy "
+                       "with require_noise = true refuses such rounds")
         _SILOS[key] = Silo(cfg, name, task, client, store)
     return _SILOS[key]
 
@@ -178,6 +234,7 @@ def train(message: Message, context: Context) -> Message:
     round_idx = int(conf["round"])
     received = from_arrays(message.content["arrays"])
     try:
+        protocol = _committed(silo, conf, received) if silo.client.mask is not None else None
         admitted = silo.client.admit(round_idx, received)  # the privacy ledger first: a refused replay truncates nothing
         silo.store.truncate(round_idx - 1)  # state of an unfinished earlier attempt at this round
         silo.store.prune([int(r) for r in conf["keep"]] + [round_idx - 1])
@@ -186,7 +243,6 @@ def train(message: Message, context: Context) -> Message:
     except SiloRefused as err:  # the silo's own check: no arrays in the reply, only why
         return Message(refusal_to_content(str(err), silo.name, err.final), reply_to=message)
     if update.secure_input is not None:  # masked here, on the silo, with the keys it shared this round
-        protocol = _secagg(silo, conf)
         masked = protocol.masked_input(update.secure_input, unpack(message.content["secagg"], "from"))
         _keep_secagg(silo, conf, protocol)
         return Message(masked_to_content(update, masked, silo.name), reply_to=message)
@@ -234,6 +290,25 @@ def _secagg(silo: Silo, conf):
     return SecAggClient.from_state(path.read_bytes(), silo.client.identity)
 
 
+def _commitment(silo: Silo, conf, model_digest: str) -> bytes:
+    """The round commitment (fedsilo.privacy.secagg_parts.round_commitment) of this message: its run key and
+    round, the model it sends (sha256) and the training config as this silo resolved it."""
+    from fedsilo.privacy.secagg_parts import round_commitment
+    resolved = hashlib.sha256(silo.cfg.model_dump_json().encode()).hexdigest()
+    return round_commitment(str(conf["run-key"]), int(conf["round"]), model_digest, resolved)
+
+
+def _committed(silo: Silo, conf, received) -> object:
+    """The round's protocol client, once the train message is what this silo committed to at stage 1 (and
+    every peer with it, checked at stage 2); SiloRefused before anything is trained otherwise."""
+    protocol = _secagg(silo, conf)
+    if protocol.commitment != _commitment(silo, conf, received_digest(received)):
+        raise SiloRefused(f"secure aggregation: round {int(conf['round'])} asks {silo.name} to train from another "
+                          "model or training config than the one it committed to at stage 1 (as did every peer); "
+                          "it trains and masks nothing")
+    return protocol
+
+
 def _keep_secagg(silo: Silo, conf, protocol) -> None:
     path = _secagg_path(silo, conf)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # the secagg folder itself 0700: its owner only
@@ -265,9 +340,13 @@ def secagg_keys(message: Message, context: Context) -> Message:
         held = "no roster (node config roster, signing-key)" if identity is None else identity.roster.fingerprint()
         raise SiloRefused(f"secure aggregation: the run expects roster {secure.roster_fingerprint}; {silo.name} "
                           f"holds {held}")
+    if "model-digest" not in conf:
+        raise SiloRefused(f"secure aggregation: the stage-1 request names no model digest; {silo.name} commits to "
+                          "the model it will train from before it shares any key")
     with _refusing():
         protocol = SecAggClient(silo.name, list(conf["silos"]), protocol_settings(secure),
-                                str(conf["protocol-round"]), identity)
+                                str(conf["protocol-round"]), identity,
+                                _commitment(silo, conf, str(conf["model-digest"])))
     for stale in _secagg_path(silo, conf).parent.glob("round-*.*"):  # keys and claims of rounds it dropped out of
         stale.unlink(missing_ok=True)
     _keep_secagg(silo, conf, protocol)

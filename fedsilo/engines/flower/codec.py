@@ -83,9 +83,10 @@ def pack_keys(public_keys: dict[str, dict[str, bytes]]) -> ConfigRecord:
 
 
 def unpack_keys(record) -> dict[str, dict[str, bytes]]:
-    """{silo: {c_pk, s_pk and, when it signed its advertisement, sig}}."""
-    c, s, sig = unpack(record, "c_pk"), unpack(record, "s_pk"), unpack(record, "sig")
-    return {name: {"c_pk": c[name], "s_pk": s[name], **({"sig": sig[name]} if name in sig else {})}
+    """{silo: {c_pk, s_pk and, when it signed its advertisement or committed to its round, sig and commit}}."""
+    c, s = unpack(record, "c_pk"), unpack(record, "s_pk")
+    extra = {kind: unpack(record, kind) for kind in ("sig", "commit")}
+    return {name: {"c_pk": c[name], "s_pk": s[name], **{k: v[name] for k, v in extra.items() if name in v}}
             for name in c if name in s}
 
 

@@ -18,6 +18,7 @@ from fedsilo.progress import Progress
 from fedsilo.server import Server
 
 from fedsilo.engines.secure import SEMI_HONEST, guarantee, protocol_settings
+from fedsilo.privacy.ledger import received_digest
 from fedsilo.privacy.secagg import SecAggServer
 
 from .codec import (MalformedReply, carried_bytes, content_to_masked, content_to_rows, content_to_update, count, pack,
@@ -166,7 +167,9 @@ class FlowerEngine:
         updates: dict[str, object] = {}
         try:
             protocol = SecAggServer(sampled, protocol_settings(secure), layout.length, round_id)
-            replies, gone = self._stage(sampled, "secagg_keys", round_idx, silos=list(sampled), **{"protocol-round": round_id})
+            digest = received_digest(server.payload(sampled[0]))  # every silo is sent the same (download = "all")
+            replies, gone = self._stage(sampled, "secagg_keys", round_idx, silos=list(sampled),
+                                        **{"protocol-round": round_id, "model-digest": digest})
             missing.update(gone)
             keys = protocol.collect_keys({s: {k: bytes(v) for k, v in c["secagg"].items()} for s, c in replies.items()})
             self._say_guarantee(protocol.signed, progress)
