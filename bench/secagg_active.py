@@ -1,7 +1,7 @@
 """What secure aggregation against a lying server costs: bytes on the wire and seconds per round, side by side.
 
 One round over N silos' float64 vectors (default 5 silos × 22,713,601 coordinates, MiniLM-L6's trainable
-parameters), all parties in this process, in four ways, alternating within each repeat so that a busy
+parameters), all parties in this process, in five ways, alternating within each repeat so that a busy
 machine slows them alike:
 
 * plain    FedAvg without masking: each silo uploads its vector as float32 (what fedsilo sends in the
@@ -10,7 +10,11 @@ machine slows them alike:
            round), loaded from git as it was;
 * unsigned fedsilo.privacy.secagg without a roster: the five stages, the consistency round unsigned;
 * roster   fedsilo.privacy.secagg with a roster: signed advertisements, the consistency round with
-           Ed25519 signatures, and every check a silo makes.
+           Ed25519 signatures, and every check a silo makes, no round commitment;
+* committed the same with each silo's round commitment (issue 49): the server sends the model's sha256
+           with stage 1 (64 hex characters per silo), each silo hashes the model it will train from (the
+           float32 model, as it arrives) and the resolved config, and every advert carries 32 bytes more
+           (n × 32 in every key set sent down); the commitment's own seconds are given apart.
 
 Bytes are the payloads each message carries (keys, signatures, share packets, masked vectors, survivor
 lists, shares; silo names as UTF-8), up (silos to server) and down (server to silos), summed over the
@@ -24,6 +28,7 @@ checks of stage 5) is given apart.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import statistics
 import subprocess
 import sys
@@ -32,9 +37,12 @@ import types
 from pathlib import Path
 
 import numpy as np
+import torch
 
+from fedsilo.core.tensors import tensor_digest
 from fedsilo.privacy import secagg
 from fedsilo.privacy.roster import ephemeral_identities
+from fedsilo.privacy.secagg_parts import round_commitment
 
 TODAY = "738ed7c"  # the last commit with the semi-honest four-stage protocol
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,6 +93,7 @@ class Round:
         exact = sum(inputs.values())
         return {"up": self.up, "down": self.down, "seconds": sum(self.seconds.values()),
                 "consistency_seconds": self.seconds.get("consistency", 0.0),
+                "commit_seconds": self.seconds.get("commit", 0.0),
                 "max_error": float(np.max(np.abs(total - exact)))}
 
 
@@ -122,15 +131,31 @@ def today(inputs: dict, rid: str, mod: types.ModuleType) -> dict:
     return r.result(total, inputs)
 
 
-def fedsilo_protocol(inputs: dict, rid: str, signed: bool) -> dict:
+CONFIG = '{"name": "bench", "client": {"lr": 0.001}}'  # stands for a resolved config (a few kB at most)
+
+
+def commitments(names: list[str], model: torch.Tensor, rid: str, r: Round) -> dict[str, bytes]:
+    """Each silo's round commitment: the server's digest of the model sent down, then each silo's own."""
+    r.down += len(names) * 64  # the model's sha256 in every stage-1 request
+    out = {}
+    for c in names:  # each silo hashes the model it received and its resolved config
+        digest = tensor_digest({"model": model}, {})
+        out[c] = round_commitment(rid, 1, digest, hashlib.sha256(CONFIG.encode()).hexdigest())
+    r.stage("commit")
+    return out
+
+
+def fedsilo_protocol(inputs: dict, rid: str, signed: bool, committed: bool = False) -> dict:
     names, n = list(inputs), len(inputs)
     settings = secagg.SecAggSettings()
     r = Round()
     ids = ephemeral_identities(names) if signed else {}  # made out of band on a federation: not timed
+    model = torch.from_numpy(next(iter(inputs.values())).astype(np.float32)) if committed else None
     r.stage("setup")
     r.seconds.pop("setup")
+    commits = commitments(names, model, rid, r) if committed else {}
     server = secagg.SecAggServer(names, settings, len(inputs[names[0]]), rid)
-    clients = {c: secagg.SecAggClient(c, names, settings, rid, ids.get(c)) for c in names}
+    clients = {c: secagg.SecAggClient(c, names, settings, rid, ids.get(c), commits.get(c, b"")) for c in names}
     adverts = {c: clients[c].advertise_keys() for c in names}
     keys = server.collect_keys(adverts)
     r.up, r.down = r.up + size(adverts), r.down + n * size(keys)
@@ -171,7 +196,8 @@ def main() -> None:
     mod = todays_protocol()
     ways = {"plain": lambda rid: plain(inputs, rid), "today": lambda rid: today(inputs, rid, mod),
             "unsigned": lambda rid: fedsilo_protocol(inputs, rid, False),
-            "roster": lambda rid: fedsilo_protocol(inputs, rid, True)}
+            "roster": lambda rid: fedsilo_protocol(inputs, rid, True),
+            "committed": lambda rid: fedsilo_protocol(inputs, rid, True, committed=True)}
     got: dict[str, list[dict]] = {w: [] for w in ways}
     for rep in range(args.repeats):
         order = list(ways)[rep % len(ways):] + list(ways)[:rep % len(ways)]
@@ -180,16 +206,19 @@ def main() -> None:
             print(f"  repeat {rep + 1} {way}: {got[way][-1]['seconds']:.2f} s", file=sys.stderr, flush=True)
     print(f"{args.silos} silos x {args.length:,} float64 coordinates, {args.repeats} repeats (median seconds)")
     print(f"{'':10} {'bytes up':>15} {'bytes down':>12} {'seconds':>8} {'(range)':>14} {'consistency s':>14} "
-          f"{'max error':>10}")
+          f"{'commit s':>9} {'max error':>10}")
     med = {}
     for way, runs in got.items():
         secs = [r["seconds"] for r in runs]
         med[way] = {"up": runs[0]["up"], "down": runs[0]["down"], "seconds": statistics.median(secs),
-                    "consistency": statistics.median(r["consistency_seconds"] for r in runs)}
+                    "consistency": statistics.median(r["consistency_seconds"] for r in runs),
+                    "commit": statistics.median(r["commit_seconds"] for r in runs)}
         print(f"{way:10} {runs[0]['up']:>15,} {runs[0]['down']:>12,} {med[way]['seconds']:>8.2f} "
-              f"{min(secs):>6.2f}-{max(secs):<6.2f} {med[way]['consistency']:>14.4f} {runs[0]['max_error']:>10.2e}")
+              f"{min(secs):>6.2f}-{max(secs):<6.2f} {med[way]['consistency']:>14.4f} {med[way]['commit']:>9.4f} "
+              f"{runs[0]['max_error']:>10.2e}")
     print("ratios (bytes up+down, seconds):")
-    for a, b in [("roster", "today"), ("roster", "unsigned"), ("roster", "plain"), ("today", "plain")]:
+    for a, b in [("committed", "roster"), ("roster", "today"), ("roster", "unsigned"), ("roster", "plain"),
+                 ("today", "plain")]:
         bytes_ratio = (med[a]["up"] + med[a]["down"]) / (med[b]["up"] + med[b]["down"])
         print(f"  {a} / {b}: bytes {bytes_ratio:.6f}, seconds {med[a]['seconds'] / med[b]['seconds']:.2f}")
 

@@ -252,14 +252,15 @@ def give_policies(clients: dict[str, SiloClient], policies: dict[str, str]) -> N
 
 
 def give_ledger(client: SiloClient, path: Path, run_key, scope: str | None = None,
-                files: Mapping[str, Mapping] | None = None) -> None:
+                files: Mapping[str, Mapping] | None = None, one_operator: bool = False) -> None:
     """A silo whose updates are DP releases keeps its privacy ledger at `path` (fedsilo.privacy.ledger):
     `run_key` names this run (or a function giving it once the run exists); `scope`: whose budget, by
     default the data its operator gave it (`files`, as the data check fingerprinted them), else, for a
-    task that names no files, its training examples."""
+    task that names no files, its training examples; `one_operator`: the engine runs the server too
+    (fedsilo.privacy.ledger.SiloLedger)."""
     if client.keeps_ledger:
         scope = scope or (data_scope(files) if files else examples_scope(client.examples))
-        client.ledger = SiloLedger(PrivacyLedger(path), run_key, scope, client.name)
+        client.ledger = SiloLedger(PrivacyLedger(path), run_key, scope, client.name, one_operator)
 
 
 LEDGER_FOLDER = "privacy-ledger"  # in a run directory: each silo's privacy ledger (in-process runs)
@@ -269,7 +270,7 @@ def give_ledgers(clients: dict[str, SiloClient], folder: Path, run_key,
                  files: Mapping[str, Mapping[str, Mapping]] | None = None) -> None:
     """In-process: each silo's ledger is `folder/<silo>.jsonl` (the run directory's privacy-ledger/)."""
     for name, client in clients.items():
-        give_ledger(client, Path(folder) / f"{name}.jsonl", run_key, files=(files or {}).get(name))
+        give_ledger(client, Path(folder) / f"{name}.jsonl", run_key, files=(files or {}).get(name), one_operator=True)
 
 
 def build_client(cfg: RunConfig, task, model, store: ClientStore, name: str, examples,

@@ -176,7 +176,9 @@ def test_a_wire_capture_of_a_secure_deployment_holds_no_silos_update(tmp_path, m
 
     config = tmp_path / "toy.toml"
     config.write_text(to_toml(cfg))
-    dep = LocalDeployment(tmp_path / "fl", silo_nodes(cfg.task, None))
+    # each silo's operator opts out of secret randomness by name, so the deployment computes what we recorded
+    nodes = {silo: {**node, "secret-randomness": "false"} for silo, node in silo_nodes(cfg.task, None).items()}
+    dep = LocalDeployment(tmp_path / "fl", nodes)
     tap = Wiretap(dep.port)
     dep.fleet_port = tap.port
     with dep:

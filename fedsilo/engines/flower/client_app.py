@@ -208,9 +208,9 @@ def silo_for(message: Message, context: Context) -> Silo:
                                   "config names no place for its privacy ledger: set state-dir (or ledger), e.g. "
                                   "--node-config 'state-dir=\"/var/lib/fedsilo/SILO\"'; a ledger kept per run key "
                                   "would let every new run spend its budget again")
-            client.secret = silo_secret(node, Path(root))
+            client.secret = silo_secret(node, Path(root)) if client.mask is not None else None
         give_ledger(client, ledger, str(conf["run-key"]), scope,  # its place the operator's, never a message's
-                    files=next((c.files for c in checks if c.name == name), None))
+                    files=next((c.files for c in checks if c.name == name), None), one_operator=in_simulation())
         if client.identity is not None and not client.adds_noise:
             _warn_here(f"silo {name} holds a roster but adds no DP noise: secure aggregation hides one round's "
                        "input among the others, not what a server learns across rounds (docs/privacy.md); a policy "

@@ -229,6 +229,9 @@ def flower_env(home: Path) -> dict[str, str]:
     return env
 
 
+PATH_KEYS = {"data-dir", "silo-path", "state-dir", "policy", "roster", "signing-key", "ledger"}  # node config paths
+
+
 @dataclass
 class LocalDeployment:
     """SuperLink + SuperNodes on 127.0.0.1 for one workdir; use as a context manager."""
@@ -243,7 +246,8 @@ class LocalDeployment:
     def __post_init__(self) -> None:
         # Flower's processes run in the work folder: a relative path would be read from there.
         self.workdir = Path(self.workdir).resolve()
-        self.silos = {silo: {k: str(Path(v).resolve()) for k, v in node.items()} for silo, node in self.silos.items()}
+        self.silos = {silo: {k: str(Path(v).resolve()) if k in PATH_KEYS else str(v) for k, v in node.items()}
+                      for silo, node in self.silos.items()}
 
     @property
     def home(self) -> Path:
