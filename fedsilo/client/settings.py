@@ -33,7 +33,9 @@ class DPSettings(Strict):
     noise_multiplier: FiniteFloat | None = Field(
         None, gt=0, description="σ (noise std / C) instead of deriving it from target_epsilon; with both, "
                                 "target_epsilon is only the cap")
-    delta: FiniteFloat | None = Field(None, gt=0, lt=1, description="δ; None: 1/(10·n) for a silo of n examples")
+    delta: FiniteFloat | None = Field(None, gt=0, lt=1, description="δ; None: the δ the silo's data already spends "
+                                                                     "its budget at (its ledger's first release), "
+                                                                     "else 1/(10·n) for a silo of n examples")
     max_grad_norm: FiniteFloat = Field(1.0, gt=0, description="C: each example's gradient is clipped to it")
     clipping: Literal["auto", "ghost", "per_example", "loop"] = Field(
         "auto", description="ghost: per-example norms without per-example gradients (memory as plain training); "

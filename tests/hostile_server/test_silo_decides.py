@@ -263,8 +263,9 @@ def test_a_silo_with_a_roster_refuses_an_unmasked_round_unless_its_operator_opts
     s = ScriptedServer(toy_raw(), "alpha", tmp_path / "alpha", **node_identity(tmp_path, ids["alpha"]))
     assert "holds a roster: it sends no update in the clear" in refusal(s, 1)
     client_app._SILOS.clear()
-    opted = ScriptedServer(toy_raw(), "alpha", tmp_path / "opted", **node_identity(tmp_path / "o", ids["alpha"])
-                           if (tmp_path / "o").mkdir() is None else {}, **{"allow-unmasked": True})
+    (tmp_path / "opted").mkdir()
+    opted = ScriptedServer(toy_raw(), "alpha", tmp_path / "opted" / "state",
+                           **node_identity(tmp_path / "opted", ids["alpha"]), **{"allow-unmasked": True})
     update, refused = opted.train(1)
     assert refused is None and update.tensors
 
@@ -318,3 +319,12 @@ def test_a_dp_silo_on_a_supernode_that_names_no_ledger_place_is_refused(tmp_path
     client_app._SILOS.clear()
     update, refused = s.train(1)
     assert refused is None and update is not None
+
+
+def test_a_node_flag_that_is_not_true_or_false_is_named(tmp_path):
+    """`allow-unmasked="yes"` is no opt-out the operator meant to give: one error naming the key."""
+    ids = rosters.ephemeral_identities(NAMES)
+    s = ScriptedServer(toy_raw(), "alpha", tmp_path / "alpha", **node_identity(tmp_path, ids["alpha"]),
+                       **{"allow-unmasked": "yes"})
+    with pytest.raises(ConfigError, match="node config allow-unmasked = 'yes': must be true or false"):
+        s.train(1)

@@ -146,7 +146,7 @@ def silo_secret(node_config: dict, root: Path) -> bytes | None:
     they enter its data order and dropout, so that what the server sends does not decide the silo's input
     (fedsilo.client.silo.secret_seed). None in fedsilo's simulation (one operator) and where the operator
     opts out by name (`secret-randomness=false`: runs that must equal an in-process run's numbers)."""
-    if in_simulation() or str(node_config.get("secret-randomness", True)).lower() == "false":
+    if in_simulation() or not node_flag(node_config, "secret-randomness", True):
         return None
     path = Path(root) / SECRET_FILE
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -166,8 +166,12 @@ def silo_secret(node_config: dict, root: Path) -> bytes | None:
     return secret
 
 
-def _opted_out(node_config: dict, key: str) -> bool:
-    return str(node_config.get(key, False)).lower() == "true"
+def node_flag(node_config: dict, key: str, default: bool) -> bool:
+    """A yes/no of the operator's node config: TOML's true/false, or the strings "true"/"false"."""
+    value = node_config.get(key, default)
+    if str(value).lower() not in ("true", "false"):
+        raise ConfigError(f"this SuperNode's node config {key} = {value!r}: must be true or false")
+    return str(value).lower() == "true"
 
 
 def silo_for(message: Message, context: Context) -> Silo:
@@ -201,7 +205,7 @@ def silo_for(message: Message, context: Context) -> Silo:
         if policy:
             client.policy = read_policy(str(policy))
         client.identity = _identity(name, node)  # from the silo's node config, never a message
-        client.unmasked_allowed = _opted_out(node, "allow-unmasked")
+        client.unmasked_allowed = node_flag(node, "allow-unmasked", False)
         if client.keeps_ledger:
             if ledger is None:
                 raise ConfigError(f"silo {name} releases under DP or secure aggregation, but its SuperNode's node "
