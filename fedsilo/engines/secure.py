@@ -5,7 +5,9 @@ In-process every silo's protocol client runs here, one after another; the server
 only the sum. A silo that refused the round after the keys were shared (its own check, a spent
 privacy budget) is a dropout the protocol recovers from. One operator runs every silo here, so
 there is no server to lie to them: each round gets fresh signing keys and a roster made for it, so
-that the same signed stages and consistency round run as on a federation.
+that the same signed stages and consistency round run as on a federation. The round commitment is
+empty here (every silo trains from the one model this process holds); on Flower each silo makes its own
+(fedsilo.engines.flower.client_app).
 """
 from __future__ import annotations
 
