@@ -1,13 +1,17 @@
-"""Atomic file writes: a temporary file, fsync, then a rename, so a reader (or a resume) never sees
+"""What a user-named path is before anything opens it (`not_readable`, `regular_file`). Atomic file writes: a temporary file, fsync, then a rename, so a reader (or a resume) never sees
 a half-written file; a failed write (a full disk) leaves no .tmp behind and names the file. And the
 one reader of an append-only JSON-lines log, which a crash may leave with a partly written last line."""
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
+
+from fedsilo.errors import FedsiloError, UserError
 
 
 def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
@@ -49,3 +53,34 @@ def read_jsonl(text: str, where: str) -> tuple[list[tuple[int, object]], str | N
                              "what an interrupted run leaves) skipped")
             raise ValueError(f"{where}:{lineno}: malformed JSON ({err.msg})") from None
     return out, None
+
+
+_NOT_REGULAR = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+                (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def not_readable(path: Path) -> str | None:
+    """What `path` is when it cannot be read as a data file ("a symlink loop ..."), asking only its
+    metadata; None for a regular file. Nothing else is opened: a reader of a FIFO waits forever for
+    a writer, and a device never ends."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "a symlink to nothing (its target is missing)" if os.path.islink(path) else "not found"
+    except OSError as e:
+        return ("a symlink loop (a link that leads back to itself)" if e.errno == errno.ELOOP
+                else f"unreadable ({e.strerror or e})")
+    if stat.S_ISDIR(mode):
+        return "a folder, not a file"
+    kind = next((what for test, what in _NOT_REGULAR if test(mode)), None)
+    return f"{kind}, not a regular file: refused before opening it" if kind else None
+
+
+def regular_file(path: str | Path, what: str, error: type[FedsiloError] = UserError) -> Path:
+    """`path` as a Path when it is a regular file (or a symlink to one); else `error` in one line naming
+    `what` (e.g. "--prompt-file", "node config roster") and what the path is, before anything opens it."""
+    path = Path(path)
+    why = not_readable(path)
+    if why:
+        raise error(f"{what}: {path} is {why}")
+    return path

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import codecs
 import csv
-import errno
 import gzip
 import io
 import json
 import os
-import stat
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsilo.errors import DataError
+from fedsilo.fileio import not_readable
 
 from .settings import SourceSettings
 
@@ -78,27 +77,6 @@ def _line_of(problem: Problem) -> int:
 # ---- text -------------------------------------------------------------------------------
 
 GZIP_MAGIC = b"\x1f\x8b"  # no text file starts with these bytes (0x8b is no first byte in UTF-8 either)
-_NOT_REGULAR = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
-                (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
-def not_readable(path: Path) -> str | None:
-    """What `path` is when it cannot be read as a data file ("a symlink loop ..."), asking only its
-    metadata; None for a regular file. Nothing else is opened: a reader of a FIFO waits forever for
-    a writer, and a device never ends."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return "a symlink to nothing (its target is missing)" if os.path.islink(path) else "not found"
-    except OSError as e:
-        return ("a symlink loop (a link that leads back to itself)" if e.errno == errno.ELOOP
-                else f"unreadable ({e.strerror or e})")
-    if stat.S_ISDIR(mode):
-        return "a folder, not a file"
-    kind = next((what for test, what in _NOT_REGULAR if test(mode)), None)
-    return f"{kind}, not a regular file: refused before opening it" if kind else None
-
-
 def read_bytes(path: Path) -> bytes:
     """The file's bytes, a gzip-compressed one's decompressed; refused by name, before it is opened,
     when it is not a regular file."""
