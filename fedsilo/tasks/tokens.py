@@ -11,6 +11,10 @@ so an interrupted write leaves no file a later run would trust. A file carries a
 that does not match it, lacks it (an older fedsilo), does not load or holds ids outside the
 tokenizer's vocabulary is tokenised again with a warning naming it: a changed cache would silently
 change results, or end every later run in an IndexError.
+
+What tokenising says (a task that cuts long examples says how many) is said on a cache hit too: a task
+that implements `TellsCuts` says it again from the cached rows, so a re-run is never quieter than the
+run that wrote the cache.
 """
 from __future__ import annotations
 
@@ -47,6 +51,12 @@ class PreTokenized(Protocol):
 
     def token_settings(self) -> dict:
         """Everything besides the tokenizer that changes the ids (length limits, formats)."""
+
+
+@runtime_checkable
+class TellsCuts(Protocol):
+    def tell_cuts(self, examples: Sequence[Any], rows: Sequence[Mapping[str, torch.Tensor]]) -> None:
+        """Say what `tokenize` says of `examples` (e.g. how many were cut), from their cached `rows`."""
 
 
 def row_length(row: Mapping[str, torch.Tensor]) -> int:
@@ -144,9 +154,12 @@ def tokenized(task: PreTokenized, examples: Sequence[Any], cache_dir: Path | Non
             rows = _from_file(path, _vocab_size(task.tokenizer))
             if len(rows) != len(examples):
                 raise ValueError(f"it holds {len(rows)} rows for {len(examples)} examples")
-            return rows
         except Exception as err:  # noqa: BLE001 - a damaged cache file is re-made, never trusted
             warnings.warn(f"token cache {path}: {err}; tokenising again", stacklevel=2)
+        else:
+            if isinstance(task, TellsCuts):
+                task.tell_cuts(examples, rows)
+            return rows
     rows = [{k: (v.to(torch.int32) if not v.is_floating_point() else v) for k, v in r.items()}
             for r in task.tokenize(examples)]
     if path is not None:

@@ -19,6 +19,7 @@ from .source import InstructSource
 BENCHMARK = ("gsm8k", "pubmedqa", "codealpaca", "news")
 INSTRUCTION_SILOS = BENCHMARK[:3]  # the default run: the three institutions (news is the generic base's text)
 DISPLAY = {"gsm8k": "GSM8K", "pubmedqa": "PubMedQA", "codealpaca": "Code Alpaca", "news": "News (generic)"}
+MAX_NEW_TOKENS = 8192  # the most new tokens greedy generation is asked for (task.max_new_tokens, generate)
 
 
 class InstructSettings(SiloTaskSettings):
@@ -42,8 +43,12 @@ class InstructSettings(SiloTaskSettings):
                             "(docs/instruct.md); chat / plain: that one")
     packing: bool = Field(False, description="pack each training batch's records into as few sequences of "
                                              "max_length as fit (each record attends to itself only)")
-    max_new_tokens: int = Field(256, gt=0, le=8192, description="greedy generation length for scores read "
-                                                                "from generated text (GSM8K's final number)")
+    max_new_tokens: int = Field(256, gt=0, le=MAX_NEW_TOKENS, description="greedy generation length for scores "
+                                                                          "read from generated text (GSM8K's "
+                                                                          "final number)")
+    max_prompt_length: int = Field(512, gt=0, le=2**17, description="prompt tokens greedy generation reads (apart "
+                                                                    "from max_length); a longer prompt loses its "
+                                                                    "start, counted and reported")
     generate_on: Literal["test", "all"] = Field(
         "test", description="where answers are generated and scored (GSM8K exact match): the final test only "
                             "(dev evaluations, which select the model, use the loss), or every evaluation")

@@ -4,8 +4,12 @@ trained with the completion-only loss. Knows nothing of federation.
 
 A row is one silo. Its stats are additive (see `metrics`): the response tokens' summed cross-entropy
 and count for every silo; GSM8K's exact matches after greedy generation; multiple-choice hits by
-log-likelihood. Records longer than `task.max_length` are cut at the end, counted and said once per
-silo and split (a record cut before its response trains nothing, and is counted apart).
+log-likelihood. Records longer than `task.max_length` are cut (`task.truncation`), counted and said
+once per silo and split, in the words of what that split does with them (a training record cut
+before its response trains nothing; an evaluated one adds nothing to the loss), and a token-cache hit
+says it as the miss did. The prompts generation and multiple-choice scoring read are cut by one rule
+(`budget`); every cut is counted per record (`prompt_cut`, `prompt_lost`) and said once per silo and
+split.
 """
 from __future__ import annotations
 
@@ -17,11 +21,12 @@ from pathlib import Path
 import torch
 
 from fedsilo.datafetch import default_data_root
-from fedsilo.errors import ConfigWarning
+from fedsilo.errors import ConfigError, ConfigWarning
 from fedsilo.sources.check import Lengths
-from fedsilo.tasks.base import NONFINITE, fixed_splits, item_row, without_items
+from fedsilo.tasks.base import EVALUATION_SPLITS, NONFINITE, fixed_splits, item_row, without_items
 from fedsilo.tasks.tokens import RowMemo, sorted_batches
 
+from .budget import fit_prompt, position_limit
 from .data import load_silo
 from .metrics import SPEC
 from .packing import pack, require_packable, unpacked
@@ -29,7 +34,7 @@ from .plugin import InstructSettings
 from .records import Record
 from .scoring import (extract_final_number, greedy_generate, option_loglikelihoods, options_ids, same_number,
                       token_nll)
-from .template import prompt_ids, render, use_chat
+from .template import prompt_ids, render, trains, use_chat
 
 __all__ = ["InstructTask", "PackedInstructTask", "build_task", "task_tokenizer"]
 
@@ -95,8 +100,19 @@ class _Instruct:
 
     def tokenize(self, records: Sequence[Record]) -> list[dict[str, torch.Tensor]]:
         rendered = [self._render(r) for r in records]
-        self._say_cut(records, rendered)
-        return [{"input_ids": torch.tensor(r.input_ids), "labels": torch.tensor(r.labels)} for r in rendered]
+        rows = [{"input_ids": torch.tensor(r.input_ids), "labels": torch.tensor(r.labels)} for r in rendered]
+        self._say_cut(records, [r.truncated for r in rendered], rows)
+        return rows
+
+    def tell_cuts(self, records: Sequence[Record], rows: Sequence[Mapping[str, torch.Tensor]]) -> None:
+        """Rows read from the token cache: said as `tokenize` said them (fedsilo.tasks.tokens.TellsCuts)."""
+        self._say_cut(records, self._cut(records, rows), rows)
+
+    def _cut(self, records: Sequence[Record], rows: Sequence[Mapping[str, torch.Tensor]]) -> list[bool]:
+        """Which of `rows` were cut: only a row of max_length tokens can have been, so only those records
+        are rendered again."""
+        return [len(row["input_ids"]) >= self.settings.max_length and self._render(record).truncated
+                for record, row in zip(records, rows)]
 
     def _render(self, record: Record):
         return render(record, self.tokenizer, self.chat, self.settings.max_length, self.settings.truncation)
@@ -113,22 +129,40 @@ class _Instruct:
         lengths = tuple(self._render(r).full_length for r in records)
         return [Lengths("prompt + response tokens", "task.max_length", self.settings.max_length, lengths)]
 
-    def _say_cut(self, records: Sequence[Record], rendered) -> None:
-        """Truncation is reported, never silent: once per silo and split, how many records were cut."""
-        cut = [r for r in rendered if r.truncated]
-        if not cut:
+    def _say_cut(self, records: Sequence[Record], cut: Sequence[bool],
+                 rows: Sequence[Mapping[str, torch.Tensor]]) -> None:
+        """Truncation is reported, never silent: once per silo and split, how many records were cut and
+        what that split does with them (training learns from what is left, evaluation's loss reads it)."""
+        if not any(cut):
             return
-        where = self._where(records)
-        if where in self._said:
+        silo, split = self._where(records)
+        if ("length", silo, split) in self._said:
             return
-        self._said.add(where)
-        lost = sum(1 for r in cut if not r.trains)
+        self._said.add(("length", silo, split))
+        lost = sum(1 for c, row in zip(cut, rows) if c and not trains(row["labels"].tolist()))
         how = "at the end" if self.settings.truncation == "end" else "at the prompt's start"
-        message = (f"instruct: {where[0]} {where[1]}: {len(cut)} of {len(records)} records are longer than "
+        message = (f"instruct: {silo} {split}: {sum(cut)} of {len(records)} records are longer than "
                    f"task.max_length = {self.settings.max_length} tokens and were cut {how} (task.truncation)")
+        evaluated = split in EVALUATION_SPLITS
+        if evaluated:
+            message += f": the {split} loss reads what is left"
         if lost:
-            message += f"; {lost} lost their whole response and train nothing"
+            message += f"; {lost} lost their whole response and " + \
+                (f"add nothing to the {split} loss" if evaluated else "train nothing")
         warnings.warn(ConfigWarning(message), stacklevel=3)
+
+    def _say_prompt_cut(self, silo: str, split: str, reader: str, lost: Sequence[int]) -> None:
+        """Every prompt cut before generation or multiple-choice scoring, said once per silo and split."""
+        cut = [n for n in lost if n]
+        if not cut or (reader, silo, split) in self._said:
+            return
+        self._said.add((reader, silo, split))
+        limit = (f"task.max_prompt_length = {self.settings.max_prompt_length} tokens" if reader == "generation"
+                 else f"task.max_length = {self.settings.max_length} less the longest option")
+        first = f"{min(cut)}" if min(cut) == max(cut) else f"{min(cut)}–{max(cut)}"
+        warnings.warn(ConfigWarning(f"instruct: {silo} {split}: {len(cut)} of {len(lost)} prompts are longer than "
+                                    f"{limit}: {reader} read them without their first {first} tokens "
+                                    f"({sum(cut)} in all)"), stacklevel=3)
 
     def _where(self, records: Sequence[Record]) -> tuple[str, str]:
         for silo, splits in self.splits.items():
@@ -155,7 +189,9 @@ class _Instruct:
                        final: bool = False) -> list[dict]:
         """One row of the silo's `split` with each record's stats (see `metrics`)."""
         records = self.examples(client, split)
+        self._check_positions(model, records)
         rows = self.rows((client, split), records)
+        cut = self._cut(records, rows)
         items: list[dict] = [{} for _ in records]
         was_training = model.training
         model.eval()
@@ -166,48 +202,63 @@ class _Instruct:
                 nll = self._nll(model, batch)
                 counts = (batch["labels"][:, 1:] != -100).sum(1)
                 for i, s, n in zip(idx, nll.sum(1).tolist(), counts.tolist()):
-                    full = len(rows[i]["input_ids"]) >= self.settings.max_length  # only then can it be cut
-                    cut = full and self._render(records[i]).truncated
-                    items[i] = {"loss_sum": s, "loss_n": float(n), "cut": float(cut)} if math.isfinite(s) \
+                    items[i] = {"loss_sum": s, "loss_n": float(n), "cut": float(cut[i])} if math.isfinite(s) \
                         else {NONFINITE: 1.0}
                 if progress is not None:
                     progress.advance(len(idx))
-            self._score_choices(model, records, items)
+            self._say_prompt_cut(client, split, "multiple-choice scoring", self._score_choices(model, records, items))
             if final or self.settings.generate_on == "all":
-                self._score_answers(model, records, items, device)
+                self._say_prompt_cut(client, split, "generation", self._score_answers(model, records, items))
         finally:
             model.train(was_training)
         return [item_row(client, self.name, [[list(r.turns), r.response] for r in records], items)]
 
-    def _prompt(self, record: Record, room: int) -> list[int]:
-        """The prompt's last `room` tokens (at least one): a long context is cut at its start, as
-        lm-evaluation-harness cuts a context to leave room for the continuation it scores or generates."""
-        ids = prompt_ids(record, self.tokenizer, self.chat)
-        return ids[-max(1, room):]
+    def _check_positions(self, model, records: Sequence[Record]) -> None:
+        """A generation budget the model's positions cannot hold is refused at the first evaluation of a
+        split that generates answers (dev included), not after the last round."""
+        limit = position_limit(model)
+        need = self.settings.max_prompt_length + self.settings.max_new_tokens
+        if limit is not None and need > limit and any(r.answer is not None for r in records):
+            raise ConfigError(f"task.max_prompt_length = {self.settings.max_prompt_length} + task.max_new_tokens = "
+                              f"{self.settings.max_new_tokens} = {need} positions, more than the model's {limit} "
+                              "(max_position_embeddings): lower either")
 
-    def _score_choices(self, model, records: Sequence[Record], items: list[dict]) -> None:
-        """Multiple choice as lm-evaluation-harness's acc: the option of largest log-likelihood."""
+    def _score_choices(self, model, records: Sequence[Record], items: list[dict]) -> list[int]:
+        """Multiple choice as lm-evaluation-harness's acc: the option of largest log-likelihood. Returns
+        the prompt tokens each scored record lost (`budget`)."""
+        lost = []
         for record, stats in zip(records, items):
             if not record.options or NONFINITE in stats:
                 continue
             options = options_ids(self.tokenizer, record.options)
-            room = self.settings.max_length - max(map(len, options))
-            scores = option_loglikelihoods(model, self._prompt(record, room), options)
+            prompt = fit_prompt(prompt_ids(record, self.tokenizer, self.chat), self.settings, options)
+            scores = option_loglikelihoods(model, prompt.ids, options)
             best = max(range(len(scores)), key=lambda k: scores[k])
             stats.update({"mc_hit": float(best == record.label), "mc_n": 1.0})
+            lost.append(_count_cut(stats, prompt.lost))
+        return lost
 
-    def _score_answers(self, model, records: Sequence[Record], items: list[dict], device) -> None:
-        """GSM8K: greedy generation, then the final number after "####" against the gold one."""
+    def _score_answers(self, model, records: Sequence[Record], items: list[dict]) -> list[int]:
+        """GSM8K: greedy generation, then the final number after "####" against the gold one. Returns the
+        prompt tokens each generating record lost (`budget`)."""
         asked = [i for i, r in enumerate(records) if r.answer is not None and NONFINITE not in items[i]]
+        prompts = {i: fit_prompt(prompt_ids(records[i], self.tokenizer, self.chat), self.settings) for i in asked}
         size = self.settings.eval_batch_size
         for start in range(0, len(asked), size):
             chunk = asked[start:start + size]
-            room = self.settings.max_length - self.settings.max_new_tokens
-            outputs = greedy_generate(model, [self._prompt(records[i], room) for i in chunk],
-                                      self.settings.max_new_tokens, self.eos_id, self.pad_id)
+            outputs = greedy_generate(model, [prompts[i].ids for i in chunk], self.settings.max_new_tokens,
+                                      self.eos_id, self.pad_id)
             for i, ids in zip(chunk, outputs):
                 predicted = extract_final_number(self.tokenizer.decode(ids, skip_special_tokens=True))
                 items[i].update({"em_hit": float(same_number(predicted, records[i].answer)), "em_n": 1.0})
+        return [_count_cut(items[i], prompts[i].lost) for i in asked]
+
+
+def _count_cut(stats: dict, lost: int) -> int:
+    """A record's prompt cut in its stats: `prompt_cut` 1 when any token was lost, `prompt_lost` how many."""
+    stats["prompt_cut"] = max(stats.get("prompt_cut", 0.0), float(lost > 0))
+    stats["prompt_lost"] = stats.get("prompt_lost", 0.0) + lost
+    return lost
 
 
 class PackedInstructTask(_Instruct):

@@ -46,7 +46,7 @@ from fedsilo.errors import ConfigError
 
 from .records import Record
 
-__all__ = ["TEMPLATES", "TRUNCATIONS", "Rendered", "use_chat", "prompt_ids", "render"]
+__all__ = ["TEMPLATES", "TRUNCATIONS", "Rendered", "use_chat", "prompt_ids", "render", "trains"]
 
 TEMPLATES = ("auto", "chat", "plain")
 IGNORE = -100  # the label the loss skips (torch cross_entropy's ignore_index)
@@ -61,8 +61,12 @@ class Rendered:
 
     @property
     def trains(self) -> bool:
-        """Whether any token is left in the loss (a causal LM never predicts the first token)."""
-        return any(label != IGNORE for label in self.labels[1:])
+        return trains(self.labels)
+
+
+def trains(labels: list[int]) -> bool:
+    """Whether any token is left in the loss (a causal LM never predicts the first token)."""
+    return any(label != IGNORE for label in labels[1:])
 
 
 def use_chat(tokenizer: Any, template: str) -> bool:
