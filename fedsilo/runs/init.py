@@ -14,6 +14,7 @@ import io
 import json
 import os
 import re
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,13 +23,14 @@ from fedsilo.runs.init_text import Draft, Guess, render
 from fedsilo.sources.read import GZIP_MAGIC, not_readable
 from fedsilo.tasks import TASKS, SILO_NAME
 
-DATA_SUFFIXES = {"csv": "csv", "tsv": "tsv", "jsonl": "jsonl"}
+DATA_SUFFIXES = {"csv": "csv", "tsv": "tsv", "jsonl": "jsonl", "json": "json"}
 SPLIT_NAMES = {"train": "train", "training": "train", "dev": "dev", "valid": "dev", "validation": "dev",
                "val": "dev", "test": "test", "testing": "test"}
 SPLIT_ENDINGS = ("test", "dev")  # a word ending so names its split too (newstest2019, newsdev)
 DECIDE = "??"  # a column nobody has: `fedsilo data check` names it until the user decides
-READS = ("init reads .csv, .tsv and .jsonl files and line-aligned files (train.de + train.en: format \"lines\"), "
-         "each also gzip-compressed (.gz)")
+READS = ("init reads .csv, .tsv, .jsonl and .json (one JSON array of rows) files and line-aligned files "
+         "(train.de + train.en: format \"lines\"), each also gzip-compressed (.gz)")
+NO_ARRAY = "a .json file holds no JSON array of rows ([{...}, {...}])"
 
 
 @dataclass(frozen=True)
@@ -48,8 +50,13 @@ class FileName:
 
     @property
     def table(self) -> str | None:
-        """csv, tsv or jsonl when the file is one."""
+        """csv, tsv, jsonl or json when the file is one."""
         return DATA_SUFFIXES.get(self.suffix.lower())
+
+    @property
+    def rows(self) -> bool:
+        """A file of rows: a table, a .json one holding a JSON array (not dataset_info.json's object)."""
+        return bool(self.table) and (self.table != "json" or _one_array(_head(self.path)))
 
     @property
     def lines_name(self) -> str:
@@ -85,6 +92,8 @@ def init_config(data_dir: Path, task: str, out: Path) -> Draft:
     if not guesses:
         raise UserError(f"{data_dir}: no silo in it ({'; '.join(f'{n}: {w}' for n, w in unused)})")
     _distinct_names(guesses, silos)
+    for g, p in zip(guesses, silos):
+        _display(g, p)
     taken = [g.name for g in guesses if g.name in settings.BENCHMARK]
     if taken:
         raise UserError(f"{', '.join(taken)}: the name of a benchmark silo; rename the folder or file")
@@ -111,11 +120,14 @@ def _silo_entries(entries: list[Path], unused: list[tuple[str, str]]) -> list[Pa
     """The entries that are silos: each folder, and each data file; another file is named unused."""
     out = []
     for p in entries:
-        if p.is_dir() or FileName.of(p).table:
+        name = FileName.of(p)
+        if p.is_dir() or name.rows:
             out.append(p)
+        elif name.table:
+            unused.append((p.name, f"not a silo: {NO_ARRAY}"))
         else:
-            unused.append((p.name, "not a silo: a silo is a sub-folder, or one .csv, .tsv or .jsonl file (also .gz); "
-                                   "line-aligned files (train.de + train.en) go in a silo's sub-folder"))
+            unused.append((p.name, "not a silo: a silo is a sub-folder, or one .csv, .tsv, .jsonl or .json file (also "
+                                   ".gz); line-aligned files (train.de + train.en) go in a silo's sub-folder"))
     return out
 
 
@@ -125,7 +137,7 @@ def _one_silos_folder(entries: list[Path]) -> bool:
     if not entries or any(p.is_dir() for p in entries):
         return False
     names = [FileName.of(p) for p in entries]
-    tables = [n for n in names if n.table]
+    tables = [n for n in names if n.rows]
     return bool(any(n.stem.lower() in SPLIT_NAMES for n in tables) or (not tables and _aligned(names)))
 
 
@@ -148,14 +160,26 @@ def _distinct_names(guesses: list[Guess], paths: list[Path]) -> None:
 
 
 def _clean(name: str) -> str:
-    clean = "".join(c if c.isalnum() or c in "_-." else "_" for c in name).strip("._-") or "silo"
+    """A silo name (ASCII letters, digits, _ - .: it is a bare TOML key and names a folder in a run):
+    accents dropped (café: cafe), any other character "_"."""
+    ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()
+    clean = re.sub(r"[^A-Za-z0-9_.-]", "_", ascii_name).strip("._-") or "silo"
     if not SILO_NAME.fullmatch(clean):
         clean = ("s" + clean)[:64]
     return clean
 
 
-def _silo_name(path: Path) -> str:
-    return _clean(path.name if path.is_dir() else FileName.of(path).stem)
+def _own_name(path: Path) -> str:
+    return path.name if path.is_dir() else FileName.of(path).stem
+
+
+def _display(g: Guess, path: Path) -> None:
+    """A silo whose file name is no silo name (café.csv: silo cafe) keeps it as its name in tables."""
+    own = _own_name(path)
+    if _clean(own) != own and own.isprintable():  # not a name with a line break or undecodable bytes
+        g.entry["display"] = own
+        g.comments["display"] = (f"the file's name; the silo's name is {g.name}: a silo name is ASCII letters, "
+                                 "digits, _ - . (it names the silo's folder in a run)")
 
 
 def split_of(stem: str) -> tuple[str | None, bool]:
@@ -194,13 +218,13 @@ def _by_split(g: Guess, stems: list[str], shown) -> dict[str, str]:
 
 
 def guess_silo(path: Path, roles, task: str, base: Path) -> Guess:
-    g = Guess(_silo_name(path))
+    g = Guess(_clean(_own_name(path)))
     rel = lambda p: os.path.relpath(Path(p).resolve(), base)  # noqa: E731
     files = [path] if path.is_file() else _silo_files(g, path)
     if task == "text2sql":
         files = _sql_extras(files, g, rel)
     names = [FileName.of(p) for p in files]
-    tables = [n for n in names if n.table]
+    tables = [n for n in names if n.rows]
     lines = _aligned(names) if not tables else {}
     if lines:
         _lines_guess(g, path, lines, roles, rel)
@@ -263,16 +287,20 @@ def _tables_guess(g: Guess, path: Path, tables: list[FileName], roles, rel, chat
         g.entry["split"] = {"dev": 0.1, "test": 0.1, "seed": 0}
         g.comments["split"] = f"one file: 10% dev, 10% test, grouped by {roles.key} (no {roles.key} in two splits)"
         used = {sample}
-    messages = _messages_key(sample) if chat and g.entry["format"] == "jsonl" else None
+    if g.entry["format"] == "jsonl" and _one_array(_head(sample)):
+        g.entry["format"] = "json"
+        g.comments["format"] = f"{sample.name} holds one JSON array of rows, not JSON lines (one object per line)"
+    messages = _messages_key(sample, g.entry["format"]) if chat and g.entry["format"] in ("jsonl", "json") else None
     if messages is None:
-        _map_fields(g, roles, _columns(sample, g.entry["format"]), sample)
+        _map_fields(g, roles, _columns(g, sample, g.entry["format"]), sample)
         return used
     g.entry["chat"] = True
     g.comments["chat"] = (f"rows are chat conversations ({messages!r}: a list of {{role, content}} messages); the "
                           "last message is the assistant's response, the loss covers it")
     if messages != "messages":
         g.entry["fields"] = {"messages": messages}
-    g.comments["split"] = g.comments["split"].replace(roles.key, "conversation")
+    if "split" in g.comments:  # absent when every split has its file
+        g.comments["split"] = g.comments["split"].replace(roles.key, "conversation")
     return used
 
 
@@ -285,7 +313,9 @@ def _name_unused(g: Guess, names: list[FileName], used: set[Path], folder: Path,
     for n in names:
         if n.path in used or n.path.name in said or n.path == folder or _is_extra(g, n.path):
             continue
-        if n.table:
+        if n.table and not n.rows:
+            why = f"not read: {NO_ARRAY}"
+        elif n.table:
             why = "no split name (train, dev, test) and another file is read" if "files" not in g.entry else \
                   "its name is no split's (train, dev/valid/val, test)"
         elif n.stem in corpora and n.suffix not in fields.values():
@@ -378,28 +408,55 @@ def _head(path: Path) -> str:
         return ""
 
 
-def _first_object(path: Path) -> dict:
-    """The first line of a JSONL file as a JSON object; {} when it is none."""
-    line = next((line for line in _head(path).splitlines() if line.strip()), "")
+def _one_array(head: str) -> bool:
+    """Whether a file's first 64 KiB open one JSON array (alpaca_data.json's layout), not JSON lines
+    (a JSONL whose rows are arrays has a complete one on each line)."""
+    if not head.lstrip().startswith("["):
+        return False
+    lines = [line for line in head.splitlines() if line.strip()]
     try:
-        obj = json.loads(line)
+        json.loads(lines[0])
+    except json.JSONDecodeError:
+        return True  # "[" alone, or the array's first items: the array goes on
+    return len(lines) == 1
+
+
+def _first_object(path: Path, fmt: str) -> dict:
+    """The first row of a JSONL file (its first line), or of a JSON array (its first item), as a JSON
+    object; {} when it is none."""
+    head = _head(path)
+    if fmt == "json":
+        text = head.lstrip()[1:].lstrip()
+    else:
+        text = next((line for line in head.splitlines() if line.strip()), "")
+    try:
+        obj, _ = json.JSONDecoder().raw_decode(text)
     except json.JSONDecodeError:
         return {}
     return obj if isinstance(obj, dict) else {}
 
 
-def _columns(path: Path, fmt: str) -> list[str]:
-    """The header's columns (csv/tsv) or the first JSON object's keys (jsonl); [] when unreadable."""
-    if fmt == "jsonl":
-        return list(_first_object(path))
-    first = next(csv.reader(io.StringIO(_head(path)), delimiter="\t" if fmt == "tsv" else ","), [])
+def _columns(g: Guess, path: Path, fmt: str) -> list[str]:
+    """The header's columns (csv/tsv), read as a run reads it, or the first JSON row's keys; [] when
+    unreadable. A CR inside the first line ends the header there, for a run too: a DECIDE line says so."""
+    if fmt in ("jsonl", "json"):
+        return list(_first_object(path, fmt))
+    head = _head(path)
+    tsv = fmt == "tsv"
+    reader = csv.reader(io.StringIO(head, newline=""), delimiter="\t" if tsv else ",",  # newline="": a CR ends
+                        quoting=csv.QUOTE_NONE if tsv else csv.QUOTE_MINIMAL)          # a line, as for a run
+    first = next(reader, [])
+    if reader.line_num == 1 and "\n" in head and io.StringIO(head, newline="").readline().endswith("\r"):
+        g.decide.append(f"{path.name}'s first line holds a carriage return (\\r) before its end: the header is read "
+                        "up to it, as a run reads it (a CR ends a CSV line); if it is a stray one, remove it (the rest "
+                        "of the line is read as a row, which `fedsilo data check` names)")
     return [c.strip() for c in first]
 
 
-def _messages_key(path: Path) -> str | None:
-    """The key of the first JSON object holding a chat conversation: a non-empty list of objects that
+def _messages_key(path: Path, fmt: str) -> str | None:
+    """The key of the first JSON row holding a chat conversation: a non-empty list of objects that
     each have a "role" (OpenAI's and Hugging Face's `messages`, or any other name); None when none does."""
-    return next((key for key, value in _first_object(path).items() if isinstance(value, list) and value
+    return next((key for key, value in _first_object(path, fmt).items() if isinstance(value, list) and value
                  and all(isinstance(m, dict) and "role" in m for m in value)), None)
 
 

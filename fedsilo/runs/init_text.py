@@ -71,7 +71,8 @@ def _toml(value) -> str:
 _TASK_LINES = {
     "translation": ['tokenizer_domain = "news"  # DECIDE: the subword vocabulary is fitted on this silo\'s training text '
                     'only: "news" (public WMT text, fetched with `fedsilo data translation`), or one of your silos '
-                    '(its vocabulary is then shared with every silo)'],
+                    '(its vocabulary is then shared with every silo); with model.init_from (below), the one its '
+                    'run was fitted with'],
     "matching": ["# negatives = 5          # BM25-mined wrong answers per question, for silos without labels"],
     "text2sql": ["# max_target_length = 128  # SQL tokens (+ EOS); `fedsilo data check` says how many fit"],
     "multitask": [],
@@ -84,7 +85,15 @@ _TASK_LINES = {
                  '(fetched once, into the data cache; FEDSILO_DATA_MIRROR: a local copy), never on your silos'],
 }
 
-_MODEL = {  # a task whose default model a user most often replaces with their own
+_MODEL = {  # a task whose default model a user most often replaces with their own, or starts from a base
+    "translation": ["[model]  # DECIDE: trained from scratch on your silos, or (the recipe of docs/translation.md) "
+                    "started from a generic engine trained first on public news: `fedsilo data translation`, "
+                    "`fedsilo run ~/fedsilo/experiments/nmt/generic.toml --out runs/generic`, then uncomment init_from "
+                    "(docs/your-data.md, section \"Translation silos\", walks it)",
+                    'name = "transformer"  # the sizes are experiments/nmt/generic.toml\'s: its weights fit them',
+                    "d_model = 64", "d_ff = 256", "num_heads = 4", "num_layers = 3", "num_decoder_layers = 3",
+                    '# init_from = "runs/generic"  # the generic engine\'s run (relative to where fedsilo runs): every '
+                    "silo starts from it, with its tokenizer", ""],
     "instruct": ["[model]  # the built-in tiny-llama, trained from scratch here; or a local AutoModelForCausalLM "
                  "folder with its tokenizer:", 'kind = "causal"', '# name = "/models/SmolLM2-135M-Instruct"', "",
                  "# [model.surgery]  # LoRA: only the adapters train and travel", '# name = "lora"',
@@ -121,9 +130,11 @@ def render(task: str, data_dir: Path, guesses: list[Guess], unused: list[tuple[s
         if task == "multitask":
             out.append('metric = "em"  # DECIDE: acc or macro_f1 (labels), em or qa_f1 (short answers), '
                        'rouge_l (generation), mcc')
-        out.append("# display = \"...\"  # the silo's name in tables")
+        if "display" not in g.entry:
+            out.append("# display = \"...\"  # the silo's name in tables")
         out.append("")
-    out += [*_MODEL.get(task, []), "[federation]", "rounds = 3", "", *_CLIENT.get(task, ["[client]"]), ""]
+    out += [*_MODEL.get(task, []), "[federation]", "rounds = 3", "", *_CLIENT.get(task, ["[client]"]), "",
+            *_EXCHANGE.get(task, [])]
     return "\n".join(out)
 
 
@@ -132,7 +143,8 @@ _CLIENT = {
     "matching": ["[client]  # as docs/qa-study.md's runs (MiniLM cross-encoder); tune lr on your dev split",
                  'optimizer = "adamw"', "lr = 5e-4", 'lr_schedule = "linear"  # warm-up, then linear decay to 0 ...',
                  "warmup = 0.1", 'schedule_span = "run"  # ... over the whole run', "batch_size = 8", "epochs = 1"],
-    "translation": ["[client]  # as docs/nmt-study.md's runs (a Transformer from scratch)", 'optimizer = "adamw"',
+    "translation": ["[client]  # as docs/nmt-study.md's federated runs (experiments/nmt/fedavg.toml)",
+                    'optimizer = "adamw"',
                     "lr = 1e-3", "batch_size = 32", "steps = 40  # optimiser steps per round"],
     "multitask": ["[client]  # as experiments/multitask/study.toml (minilm2bert)", 'optimizer = "adamw"',
                   "lr = 1e-4", "batch_size = 8", "epochs = 1"],
@@ -140,4 +152,10 @@ _CLIENT = {
                  'optimizer = "adamw"', "lr = 1e-3", "batch_size = 8", "steps = 20  # optimiser steps per round"],
     "text2sql": ["[client]  # as experiments/lorar/small.toml (the Lorar paper: Adafactor)", 'optimizer = "adafactor"',
                  "lr = 3e-3", "epochs = 2", "batch_size = 8"],
+}
+
+_EXCHANGE = {  # what a task's paper exchanges, to uncomment
+    "translation": ["# [exchange]  # Dynamic Pulling (docs/translation.md): each silo uploads the tensors that changed "
+                    "least since its previous round, half of its parameters; the rest stays its own",
+                    '# upload = "dp_l"', '# overwrite = "uploaded"', ""],
 }

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from fedsilo.errors import DataError
 
-from .read import Problem, QuotingDataError, Row, lines_file, places, read_rows
+from .read import Problem, QuotingDataError, Row, lines_file, place_of, places, read_rows
 from .settings import SPLITS, SourceSettings
 
 SHOWN_PROBLEMS = 5  # in a run's error; `fedsilo data check` lists them all
@@ -64,6 +64,8 @@ def load_rows(name: str, source: SourceSettings) -> Loaded:
         out.splits[split] = rows
         out.problems += problems
     cut = [s for s in ("dev", "test") if s not in out.splits]
+    if cut and not out.splits["train"] and out.problems:
+        _nothing_read(name, wanted["train"], out.problems)
     if cut:
         out.splits.update(split_by_fraction(name, out.splits.pop("train"), source, cut))
     out.splits = {s: out.splits[s] for s in SPLITS}
@@ -78,6 +80,14 @@ def _read(name: str, source: SourceSettings, path: Path) -> tuple[list[Row], lis
         raise QuotingDataError(f"silo {name}: {err}", f"silo {name}: {err.public}") from None
     except DataError as err:
         raise DataError(f"silo {name}: {err}") from None
+
+
+def _nothing_read(name: str, path: Path, problems: list[Problem]) -> None:
+    """A file to split of malformed rows only (another layout: a JSON array, chat rows read as Alpaca
+    ones) is named by its problems, not as too few rows to split."""
+    raise QuotingDataError(f"silo {name}: no row read from {path}: {len(problems)} malformed row(s): {shown(problems)}",
+                           f"silo {name}: no row read from {path}: {len(problems)} malformed row(s) at "
+                           f"{places(problems, SHOWN_PROBLEMS)}")
 
 
 def split_by_fraction(name: str, rows: list[Row], source: SourceSettings, cut: list[str]) -> dict[str, list[Row]]:
@@ -105,15 +115,21 @@ def _text(value) -> str:
     return value if isinstance(value, str) else " ".join(value)
 
 
+def shown(problems: list[Problem]) -> str:
+    """The first problems, each with why (for the silo's own operator), and how many more."""
+    more = f" (and {len(problems) - SHOWN_PROBLEMS} more)" if len(problems) > SHOWN_PROBLEMS else ""
+    return "; ".join(str(p) for p in problems[:SHOWN_PROBLEMS]) + more
+
+
 def all_problems(loaded: Loaded, more: list[Problem]) -> list[Problem]:
     """The reader's problems and a family's own (a label not 0/1) together, by file (in split order)
     and line: a run's error shows the first ones, also where a split cut from one file interleaves
     its lines."""
     files = {str(f): i for i, f in enumerate(loaded.files)}
 
-    def key(p: Problem) -> tuple[int, int]:
-        path, _, line = p.where.rpartition(":")
-        return files.get(path, len(files)), int(line) if line.isdigit() else 0
+    def key(p: Problem) -> tuple[int, int, int]:
+        path, line, item = place_of(p.where)
+        return files.get(path, len(files)), line, item
     return sorted(loaded.problems + more, key=key)
 
 
@@ -132,14 +148,12 @@ def accept(loaded: Loaded, source: SourceSettings, problems: list[Problem] | Non
     problems = loaded.problems if problems is None else problems
     if not problems:
         return
-    shown = "; ".join(str(p) for p in problems[:SHOWN_PROBLEMS])
-    more = f" (and {len(problems) - SHOWN_PROBLEMS} more)" if len(problems) > SHOWN_PROBLEMS else ""
     if source.bad_rows == "skip":
         warnings.warn(f"silo {loaded.name}: {len(problems)} malformed row(s) left out (bad_rows = \"skip\"): "
-                      f"{shown}{more}", stacklevel=2)
+                      f"{shown(problems)}", stacklevel=2)
         return
     fix = (f"`fedsilo data check CONFIG` lists every one; fix them, or set bad_rows = \"skip\" in "
            f"[task.sources.{loaded.name}] to leave them out")
-    raise QuotingDataError(f"silo {loaded.name}: {len(problems)} malformed row(s): {shown}{more}. {fix}",
+    raise QuotingDataError(f"silo {loaded.name}: {len(problems)} malformed row(s): {shown(problems)}. {fix}",
                            f"silo {loaded.name}: {len(problems)} malformed row(s) at "
                            f"{places(problems, SHOWN_PROBLEMS)}. {fix}")

@@ -1,8 +1,10 @@
-"""Files → rows: each row's role values with the file:line it starts at. A malformed row (bad
-encoding, a missing or empty field, a cell too many) becomes a `Problem` naming its file:line and
-why, never a row with a gap filled in; a file that cannot be read at all (missing, not a regular
-file, a symlink loop, no such column in its header, aligned files of different lengths) is a
-`DataError`. A gzip-compressed file (by its magic bytes) is read as its text.
+"""Files → rows: each row's role values with the file:line it starts at (an item of a JSON array:
+file[i]:line, as several may start on one line). A malformed row (bad encoding, a missing or empty
+field, a cell too many, a row of another kind than the source reads) becomes a `Problem` naming its
+file:line and why, never a row with a gap filled in; a file that cannot be read at all (missing, not a
+regular file, a symlink loop, no such column in its header, aligned files of different lengths, a
+.jsonl holding one JSON array) is a `DataError`. A gzip-compressed file (by its magic bytes) is read
+as its text.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import gzip
 import io
 import json
 import os
+import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -64,14 +67,20 @@ def read_rows(source: SourceSettings, file: Path) -> tuple[list[Row], list[Probl
         rows, problems = _read_lines_format(source, file)
     else:
         text, bad_lines, problems = decode(file, source.encoding)
-        reader = _read_jsonl if fmt == "jsonl" else _read_table
+        reader = {"jsonl": _read_jsonl, "json": _read_json}.get(fmt, _read_table)
         rows, more = reader(source, file, text, bad_lines)
         problems += more
-    return rows, sorted(problems, key=_line_of)  # in file order: a run's error shows the first ones
+    return rows, sorted(problems, key=lambda p: place_of(p.where)[1:])  # file order: a run's error shows the first
 
 
-def _line_of(problem: Problem) -> int:
-    return int(problem.where.rpartition(":")[2])
+_ITEM = re.compile(r"(.*)\[(\d+)\]")
+
+
+def place_of(where: str) -> tuple[str, int, int]:
+    """(file, line, item) of a row's `where`: file:line, or file[item]:line for a JSON array's item."""
+    path, _, line = where.rpartition(":")
+    item, line = _ITEM.fullmatch(path), int(line) if line.isdigit() else 0
+    return (item[1], line, int(item[2])) if item else (path, line, 0)
 
 
 # ---- text -------------------------------------------------------------------------------
@@ -206,22 +215,115 @@ def _row(source: SourceSettings, where: str, get) -> tuple[Row | None, Problem |
 # ---- formats ----------------------------------------------------------------------------
 
 def _read_jsonl(source: SourceSettings, path: Path, text: str, bad: set[int]) -> tuple[list[Row], list[Problem]]:
-    rows, problems = [], []
+    if text.lstrip().startswith("["):
+        _refuse_one_array(path, text)
+    objects, problems = [], []
     for n, line in _text_lines(text):
         if n in bad or not line.strip():  # bad: already a problem; blank lines carry no row
             continue
         where = f"{path}:{n}"
         try:
-            obj = json.loads(line)
+            objects.append((where, "", json.loads(line)))
         except json.JSONDecodeError as err:
             problems.append(Problem(where, f"not JSON ({err.msg} at column {err.colno})"))
-            continue
+    rows, more = _json_rows(source, objects)
+    return rows, problems + more
+
+
+def _refuse_one_array(path: Path, text: str) -> None:
+    """A .jsonl file that is one JSON array (Alpaca's .json layout) would be a malformed row per line."""
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError:
+        return  # lines of their own (each an array, or not JSON): each line's problem says so
+    if isinstance(whole, list):
+        raise DataError(f"{path}: one JSON array of {len(whole)} items, not JSON lines (one object per line): "
+                        "name the file .json (a JSON array's items are read as rows), or set format = \"json\"")
+
+
+def _read_json(source: SourceSettings, path: Path, text: str, bad: set[int]) -> tuple[list[Row], list[Problem]]:
+    """One JSON array of row objects (Alpaca's alpaca_data.json), item i named `PATH[i]:LINE` by the
+    line it starts on; an item on a line that did not decode is left out (that line is a problem)."""
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path}:{err.lineno}: not JSON ({err.msg} at column {err.colno}); a .json source is one "
+                        "JSON array of row objects, [{...}, {...}] (one object per line: name it .jsonl)") from None
+    if not isinstance(items, list):
+        raise DataError(f"{path}: a JSON {_json_type(items)}, not an array of row objects; a .json source is one "
+                        "JSON array, [{...}, {...}] (one object per line: name it .jsonl)")
+    objects = [(f"{path}[{i}]:{first}", f"item [{i}]", item)
+               for i, ((first, last), item) in enumerate(zip(_item_lines(text), items))
+               if not bad.intersection(range(first, last + 1))]
+    return _json_rows(source, objects)
+
+
+_BETWEEN_ITEMS = re.compile(r"[\s,]*")
+
+
+def _item_lines(text: str) -> Iterator[tuple[int, int]]:
+    """(first line, last line) of each item of `text`, a valid JSON array, in order."""
+    decoder = json.JSONDecoder()
+    pos = _BETWEEN_ITEMS.match(text).end() + 1  # past the "["
+    line = 1 + text.count("\n", 0, pos)
+    while True:
+        start = _BETWEEN_ITEMS.match(text, pos).end()
+        if text[start] == "]":
+            return
+        _, end = decoder.raw_decode(text, start)
+        first = line + text.count("\n", pos, start)
+        line = first + text.count("\n", start, end)
+        yield first, line
+        pos = end
+
+
+def _json_type(value: Any) -> str:
+    return {dict: "object", str: "string", bool: "boolean"}.get(type(value), type(value).__name__)
+
+
+def _json_rows(source: SourceSettings, objects: list[tuple[str, str, Any]]) -> tuple[list[Row], list[Problem]]:
+    """Rows of parsed JSON values: (where, what the value is called in its file ("item [3]"; "" for
+    a line), value). A value missing a key that is a row of another kind the family reads (a chat row
+    among Alpaca rows) is named as one, with the first row of each kind."""
+    rows, problems, other = [], [], []
+    own, first_own = source.kind_read, None
+    for where, label, obj in objects:
+        said = f"{label}: " if label else ""
         if not isinstance(obj, dict):
-            problems.append(Problem(where, f"a JSON {type(obj).__name__}; expected an object (one row per line)"))
+            kind = type(obj).__name__  # as every row's message has said: a JSON list, a JSON int
+            problems.append(Problem(where, f"{label} is a JSON {kind}; expected an object (a row)" if label
+                                    else f"a JSON {kind}; expected an object (one row per line)"))
+            continue
+        kind = source.row_kind(obj) if own else None
+        if kind == own and first_own is None:
+            first_own = (where, label)
+        if kind not in (None, own) and any(source.column(r) not in obj for r in source.ROLES.required):
+            other.append((where, label, kind))
             continue
         row, problem = _row(source, where, lambda r: (obj.get(source.column(r)), f"key {source.column(r)!r}"))
-        rows.append(row) if row else problems.append(problem)
-    return rows, problems
+        rows.append(row) if row else problems.append(Problem(where, said + problem.reason))
+    return rows, problems + _other_kind(source, other, first_own)
+
+
+def _other_kind(source: SourceSettings, other: list[tuple[str, str, str]], first_own: tuple[str, str] | None
+                ) -> list[Problem]:
+    """A problem per row of another kind: with the first row of each kind where both are in the file,
+    else the setting that reads the kind there is."""
+    own, out, first = source.kind_read, [], {}
+    for where, label, kind in other:
+        first.setdefault(kind, (where, label))
+        setting = source.ROW_KINDS[kind]
+        reason = (f"a {kind} row among {own} rows (the first {own} row: {_at(*first_own)}; the first {kind} row: "
+                  f"{_at(*first[kind])}): a silo's rows are of one kind; put the {kind} rows in a file of their own, "
+                  f"a silo with {setting}" if first_own else
+                  f"a {kind} row; this source reads {own} rows: set {setting} to read {kind} rows")
+        out.append(Problem(where, f"{label}: {reason}" if label else reason))
+    return out
+
+
+def _at(where: str, label: str) -> str:
+    line = f"line {where.rpartition(':')[2]}"
+    return f"{label}, {line}" if label else line
 
 
 def _read_table(source: SourceSettings, path: Path, text: str, bad: set[int]) -> tuple[list[Row], list[Problem]]:

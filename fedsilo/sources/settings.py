@@ -2,7 +2,7 @@
 
     [task.sources.legal]
     path = "legal"                       # a folder holding the split files, or one file to split
-    format = "csv"                       # jsonl | csv | tsv | lines | benchmark (inferred from the suffix)
+    format = "csv"                       # jsonl | json | csv | tsv | lines | benchmark (inferred from the suffix)
     fields = {source = "german", target = "english"}   # role → column (key, or file suffix for lines)
     files = {train = "train.csv", dev = "dev.csv", test = "test.csv"}
     # or, one file split by fraction, grouped so no key crosses splits:
@@ -26,9 +26,9 @@ from fedsilo.errors import ConfigError
 from fedsilo.settings import Strict
 
 SPLITS = ("train", "dev", "test")
-FORMATS = ("jsonl", "csv", "tsv", "lines")
+FORMATS = ("jsonl", "csv", "tsv", "lines", "json")
 BENCHMARK = "benchmark"
-_SUFFIX_FORMAT = {".jsonl": "jsonl", ".csv": "csv", ".tsv": "tsv"}
+_SUFFIX_FORMAT = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv"}
 PATH_KEYS = ("path", "schema_file", "database")  # a source's keys naming a file (a family adds the last two)
 
 
@@ -75,9 +75,9 @@ class SourceSettings(Strict):
     own keys (a schema file, a metric)."""
     ROLES: ClassVar[Roles] = Roles(("text",), key="text")
 
-    format: Literal["benchmark", "jsonl", "csv", "tsv", "lines"] | None = Field(
+    format: Literal["benchmark", "jsonl", "json", "csv", "tsv", "lines"] | None = Field(
         None, description="benchmark: the paper's silo of this name; else the files' format (None: from the "
-                          "file suffix, .jsonl/.csv/.tsv, also under .gz)")
+                          "file suffix, .jsonl/.json/.csv/.tsv, also under .gz); json: one array of row objects")
     path: str | None = Field(None, description="a folder holding `files`, or the one file to `split` "
                                                "(for lines: the common prefix, e.g. corpus for corpus.de)")
     fields: dict[str, str | int] = Field(default_factory=dict, description="role → column name (JSONL key, CSV/TSV "
@@ -126,7 +126,7 @@ class SourceSettings(Strict):
                 example = ", ".join(f'{r} = "{r[:2]}"' for r in self.ROLES.required)
                 raise ValueError("fields: format \"lines\" reads one file per role (PREFIX.SUFFIX): give each "
                                  f"role its file suffix, e.g. fields = {{{example}}}")
-        elif self.format_name != "jsonl" and not self.header and any(
+        elif self.format_name in ("csv", "tsv") and not self.header and any(
                 not isinstance(self.fields.get(r), int) for r in self.ROLES.required):
             example = ", ".join(f"{r} = {i}" for i, r in enumerate(self.ROLES.required))
             raise ValueError(f"header = false: give every role its 0-based column index, e.g. fields = {{{example}}}")
@@ -168,6 +168,20 @@ class SourceSettings(Strict):
 
     def column(self, role: str) -> str | int:
         return self.fields.get(role, role)
+
+    # A family whose JSON rows come in more than one kind (an instruct silo's chat or Alpaca rows) says
+    # which kind a row is, so a row of the other kind is named as one, not as a missing key.
+    ROW_KINDS: ClassVar[dict[str, str]] = {}
+    """kind → the setting with which a source reads rows of that kind; {}: one kind."""
+
+    @property
+    def kind_read(self) -> str | None:
+        """The kind of row this source reads (a key of ROW_KINDS)."""
+        return None
+
+    def row_kind(self, obj: dict) -> str | None:
+        """The kind of row a JSON object is; None when it is none the family knows."""
+        return None
 
     def split_by(self) -> str:
         return (self.split.by if self.split else None) or self.ROLES.key

@@ -5,14 +5,16 @@
     fields = {instruction = "prompt", response = "answer"}   # input, system: optional columns
     split = {dev = 0.1, test = 0.1}     # grouped by instruction: none in two splits
 
-    [task.sources.clinic]               # chat: JSONL rows {"messages": [{"role", "content"}, ...]}
+    [task.sources.clinic]               # chat: JSON rows {"messages": [{"role", "content"}, ...]}
     path = "clinic.jsonl"
     chat = true                         # fields = {messages = "conversation"} if the key differs
     split = {dev = 0.1, test = 0.1}
 
 A chat row's last message is the assistant's response (the loss covers it); the messages before it
 are the prompt, roles "system", "user" and "assistant", at least one user message among them.
-Malformed rows are problems named by file:line, as every reader's are.
+Malformed rows are problems named by file:line, as every reader's are; a chat row among Alpaca rows
+(or the reverse) is named as one. JSON rows are JSON lines (.jsonl) or one JSON array (.json, Alpaca's
+alpaca_data.json).
 """
 from __future__ import annotations
 
@@ -39,6 +41,13 @@ ALPACA_ROLES = Roles(("instruction", "response"), optional=("input", "system"), 
 CHAT_ROLES = Roles(("messages",), key="messages", lists=("messages",), objects=("messages",))
 """A chat row: one list of {"role", "content"} objects, split and compared as a whole conversation."""
 
+_ALPACA_NAMES = frozenset(n for role in ALPACA_ROLES.all for n in ALPACA_ROLES.names_for(role))
+
+
+def _is_conversation(value) -> bool:
+    """A chat conversation: a non-empty list of objects that each have a "role"."""
+    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) and "role" in m for m in value)
+
 
 class _RolesOf:
     """`ROLES` by the source's kind: a chat source's rows hold messages, another's Alpaca roles. On
@@ -52,15 +61,28 @@ class InstructSource(SourceSettings):
     """An own instruct silo: rows of (instruction, response, optional input and system), or with
     `chat = true` JSONL rows of chat messages."""
     ROLES: ClassVar[Roles] = _RolesOf()
+    ROW_KINDS: ClassVar[dict[str, str]] = {"chat": "chat = true", "Alpaca": "chat = false (the default)"}
 
-    chat: bool = Field(False, description="rows are chat conversations: a JSONL list of {role, content} messages "
+    chat: bool = Field(False, description="rows are chat conversations: a JSON list of {role, content} messages "
                                           "(key `messages`, or fields.messages), the last one the assistant's response")
 
     @model_validator(mode="after")
-    def _chat_is_jsonl(self) -> "InstructSource":
-        if self.chat and not self.is_benchmark and self.format_name != "jsonl":
-            raise ValueError(f"chat = true reads JSONL rows (a list of messages each), not {self.format_name}")
+    def _chat_is_json(self) -> "InstructSource":
+        if self.chat and not self.is_benchmark and self.format_name not in ("jsonl", "json"):
+            raise ValueError(f"chat = true reads JSONL rows (or a .json array of them: a list of messages each), "
+                             f"not {self.format_name}")
         return self
+
+    @property
+    def kind_read(self) -> str:
+        return "chat" if self.chat else "Alpaca"
+
+    def row_kind(self, obj: dict) -> str | None:
+        """chat: a value is a conversation; Alpaca: a key is an Alpaca role's name (or an alias)."""
+        if any(_is_conversation(v) for v in obj.values()):
+            return "chat"
+        names = _ALPACA_NAMES | ({str(c) for c in self.fields.values()} if not self.chat else set())
+        return "Alpaca" if any(k in names or k.lower() in names for k in obj) else None
 
 
 def own_records(loaded: Loaded) -> tuple[dict[str, list[Record]], list[Problem]]:
