@@ -5,7 +5,8 @@
 attention `dropout`) over the task's own tokenizer (the instruct task's byte-level BPE, fitted on
 public text), trained from scratch: small enough for 2 CPU cores, pre-trained here as a generic base
 before the federated instruction tuning. Any other name is a local `AutoModelForCausalLM` checkpoint
-folder (Llama, Qwen, Mistral, SmolLM) with its own tokenizer, loaded unchanged. Weights are fp32:
+folder (Llama, Qwen, Mistral, SmolLM) with its own tokenizer, loaded unchanged (and checked to be what its
+config.json says: fedsilo.models.local_checkpoint). Weights are fp32:
 `model.precision` autocasts the compute, aggregation stays fp32.
 
 `model.quantization = "4bit"` is QLoRA (Dettmers et al., 2023) for a local checkpoint on CUDA: its
@@ -18,10 +19,11 @@ import importlib.util
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from fedsilo.errors import ConfigError
 
+from .local_checkpoint import load_local
 from .seq2seq import checkpoint_activations, fits_in_memory, resolve_device
 from .settings import ModelConfig, refuse_unsupported
 
@@ -85,12 +87,7 @@ def _local(name: str, quantization, device: torch.device) -> tuple[PreTrainedMod
     placed = {} if quantization is None else {
         "quantization_config": quantization,  # loaded straight onto the GPU: 4-bit weights are made there
         "device_map": {"": device.index if device.index is not None else torch.cuda.current_device()}}
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, **placed)
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise ConfigError(f"model.name: cannot load a causal LM checkpoint from {path}: {reason}") from None
+    model, tokenizer = load_local(AutoModelForCausalLM, path, "causal LM", dtype=torch.float32, **placed)
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ConfigError(f"model.name: the tokenizer in {path} has neither a pad nor an EOS token")

@@ -28,6 +28,7 @@ from transformers import (
 
 from fedsilo.errors import ConfigError
 
+from .local_checkpoint import load_local
 from .seq2seq import fits_in_memory, minilm_path, resolve_device
 
 if TYPE_CHECKING:
@@ -84,19 +85,15 @@ def _local(name: str) -> tuple[object, PreTrainedModel]:
         raise ConfigError(f"model.name: {name!r} is neither one of {BUILTIN} nor a local checkpoint folder")
     try:
         config = AutoConfig.from_pretrained(str(path))
-        has_head = any(a.endswith("ForSequenceClassification") for a in (config.architectures or ()))
-        if has_head and config.num_labels != 1:
-            raise ConfigError(f"model.name: the checkpoint in {path} scores {config.num_labels} labels; "
-                              "a cross-encoder needs one score per pair (num_labels = 1)")
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
-        if has_head:
-            model = AutoModelForSequenceClassification.from_pretrained(str(path))
-        else:
-            model = AutoModelForSequenceClassification.from_pretrained(str(path), num_labels=1)
-    except ConfigError:
-        raise
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ConfigError(f"model.name: cannot load a cross-encoder checkpoint from {path}: {err}") from None
+    has_head = any(a.endswith("ForSequenceClassification") for a in (config.architectures or ()))
+    if has_head and config.num_labels != 1:
+        raise ConfigError(f"model.name: the checkpoint in {path} scores {config.num_labels} labels; "
+                          "a cross-encoder needs one score per pair (num_labels = 1)")
+    # without a head of its own, a new one-score head is added: its tensors are not in the file
+    model, tokenizer = load_local(AutoModelForSequenceClassification, path, "cross-encoder", fresh_head=not has_head,
+                                  **({} if has_head else {"num_labels": 1}))
     return tokenizer, model
 
 

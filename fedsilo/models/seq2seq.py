@@ -32,6 +32,7 @@ from transformers import (
 
 from fedsilo.errors import ConfigError
 
+from .local_checkpoint import load_local
 from .settings import ModelConfig
 
 BUILTIN = ("tiny-t5", "minilm2bert", "transformer")
@@ -127,11 +128,7 @@ def _build(cfg: ModelConfig, task_tokenizer=None) -> tuple[PreTrainedModel, obje
         path = Path(cfg.name).expanduser()
         if not path.is_dir():
             raise ConfigError(f"model.name: {cfg.name!r} is neither one of {BUILTIN} nor a local checkpoint folder")
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(str(path))
-            model = AutoModelForSeq2SeqLM.from_pretrained(str(path))
-        except (OSError, ValueError) as err:
-            raise ConfigError(f"model.name: cannot load a seq2seq checkpoint from {path}: {err}") from None
+        model, tokenizer = load_local(AutoModelForSeq2SeqLM, path, "seq2seq")
     return model, tokenizer
 
 

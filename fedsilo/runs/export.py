@@ -6,24 +6,32 @@
   loads it alone (the base from `base_model_name_or_path`, the tokenizer from DIR).
 - `--merged`: one full model (peft's merge_and_unload) + tokenizer, which transformers' Auto classes
   load without peft. A run without the lora surgery (full fine-tuning) is always exported so.
-- `--silo NAME`: that silo's personal model (its private tensors over the global ones).
+- `--silo NAME`: that silo's personal model (its private tensors over the global ones). A `finetune`
+  run trained each silo alone, in a run directory of its own (RUN/silos/NAME/): `--silo NAME` is that
+  run's model, and without it there is no one model to export.
+
+--out is written whole or not at all, and a folder that holds files is replaced only with --force
+(fedsilo.runs.export_folder); README.md is a model card with the line of Python that loads the export,
+the one the command prints (fedsilo.runs.export_card, which also says how the base is named portably).
 
 The base is the model the run's config builds without the lora surgery (a pretrained checkpoint as it
-is on disk, then `base_model_name_or_path` is its folder; a model trained from scratch from the run's
-seed). `--with-base` saves it too (under DIR/base, and the adapter config points to it). A QLoRA run's
-base is its fp32 checkpoint: the export is the adapters over full-precision weights, as merging them
-into 4-bit weights would round the update away. With the exact merge the adapters restart every round
+is on disk, then `base_model_name_or_path` is the config's `model.name`; a model trained from scratch
+from the run's seed). `--with-base` saves it too (under DIR/base, and the adapter config names it
+"base"). A QLoRA run's base is its fp32 checkpoint: the export is the adapters over full-precision
+weights, as merging them into 4-bit weights would round the update away. With the exact merge the adapters restart every round
 and the federation's result is in the base weights: each merged ΔW = W − W₀ is written as a LoRA of
 its numerical rank (an SVD; scaling 1), so peft adds it back exactly (to float rounding). Tensors that
 are neither adapters nor the head (FedMatch patches) are not peft's: they go to DIR/fedsilo_extra.safetensors,
 and a full model cannot hold them (--merged refuses such a run).
 
-`load_trained` is what export and `fedsilo generate` share: best.pt, checked to be this run's, finite
-and shaped as the model, loaded into the model the run's config builds.
+`load_trained` is what export and `fedsilo generate` share: best.pt, checked to be this run's and to
+hold the model's tensors (`tensor_problem`: names, shapes, dtypes, finite, as resume checks it), loaded
+into the model the run's config builds.
 """
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from pathlib import Path
 from typing import NamedTuple
@@ -36,11 +44,16 @@ from fedsilo.client.store import make_store
 from fedsilo.config import RunConfig, load_config
 from fedsilo.core.lora import LORA_AGGREGATIONS, pairs
 from fedsilo.errors import ConfigError, RunDirError
+from fedsilo.fileio import regular_file
 from fedsilo.models.lora import LoraSettings, lora_settings
-from fedsilo.recipe import build_model, exchange_plan, model_config, store_root
+from fedsilo.recipe import build_model, exchange_plan, store_root
 from fedsilo.rundir.layout import RunDir, config_hash
+from fedsilo.rundir.tensor_check import tensor_problem
 
-__all__ = ["Trained", "run_config", "load_trained", "export_run", "export_adapters", "export_model"]
+from .export_card import BaseReference, auto_class, base_reference, loader, model_card
+from .export_folder import check_out, written_whole
+
+__all__ = ["Trained", "Exported", "run_config", "load_trained", "export_run", "export_adapters"]
 
 _PEFT = (".lora_", ".modules_to_save.")
 EXPORTED = "nothing exported"
@@ -54,6 +67,16 @@ class Trained(NamedTuple):
     model: torch.nn.Module
     tokenizer: object
     personal: list[str]    # the silo's own tensors that replaced global ones
+    alone: tuple[str, ...] = ()  # a finetune run's silos, each trained alone (the whole model is the silo's own)
+
+
+class Exported(NamedTuple):
+    """What `export_run` wrote."""
+    folder: Path
+    form: str              # "adapters", "merged" or "full"
+    personal: list[str]    # the silo's own tensors that replaced global ones
+    alone: bool            # the silo trained alone (a finetune run)
+    loader: str            # the Python expression that loads it (also in its README.md)
 
 
 def run_config(run_dir: str | Path) -> tuple[RunDir, RunConfig]:
@@ -65,23 +88,38 @@ def run_config(run_dir: str | Path) -> tuple[RunDir, RunConfig]:
 
 def load_trained(run_dir: str | Path, silo: str | None = None, fp32: bool = False,
                  outcome: str = EXPORTED) -> Trained:
-    """The run's best model (`silo`'s personal one); `fp32`: without the config's quantization (the
-    export's base). Any check that fails raises one line ending in `outcome`."""
+    """The run's best model (`silo`'s personal one; a finetune run's silo's own); `fp32`: without the
+    config's quantization (the export's base). Any check that fails raises one line ending in `outcome`."""
     run, cfg = run_config(run_dir)
+    if cfg.participation.per_silo_runs:
+        return _trained_alone(run, cfg, silo, fp32, outcome)
     state = _best(run, cfg, outcome)
     built = _fp32(cfg) if fp32 else cfg
     model, tokenizer = build_model(built)
     params = federated_parameters(model)
-    shared = {k: v for k, v in state["server"]["params"].items() if k in params}
-    _fits(shared, params, run.best, outcome)
-    load_tensors(model, shared)
+    shared, _ = exchange_plan(cfg).split(params)  # the server's tensors: the private ones stay with the silos
+    _check(state["server"]["params"], {k: params[k] for k in shared}, run.best, outcome)
+    load_tensors(model, state["server"]["params"])
     personal: list[str] = []
     if silo is not None:
-        own = {k: v for k, v in _silo_tensors(run, state, silo, outcome).items() if k in params}
-        _fits(own, params, run.path / "clients" / silo, outcome)
+        own, source = _silo_tensors(run, state, silo)
+        _check(own, params, source, outcome, partial=True)  # its private tensors, or its whole model
         load_tensors(model, own)
         personal = sorted(own)
     return Trained(run, built, state, model, tokenizer, personal)
+
+
+def _trained_alone(run: RunDir, cfg: RunConfig, silo: str | None, fp32: bool, outcome: str) -> Trained:
+    """A finetune run's silo: the best model of its own run directory, RUN/silos/NAME."""
+    silos = cfg.task.client_names()
+    if silo is None:
+        raise ConfigError(f"{run.path}: the run trained each silo alone (paradigm {cfg.paradigm!r}), so each of "
+                          f"{', '.join(silos)} has its own model (under silos/NAME/) and there is no one model: "
+                          f"pass --silo NAME; {outcome}")
+    if silo not in silos:
+        raise ConfigError(f"--silo {silo}: not a silo of {run.path} (its silos: {', '.join(silos)}); {outcome}")
+    own = silo if exchange_plan(cfg).private else None  # its private tensors are in its own run's store
+    return load_trained(run.path / "silos" / silo, own, fp32, outcome)._replace(alone=tuple(silos))
 
 
 def _fp32(cfg: RunConfig) -> RunConfig:
@@ -100,16 +138,19 @@ def _run_id(run: RunDir) -> str | None:
     path = run.path / "run_id"
     if path.is_file():
         return path.read_text().strip() or None
+    if os.path.lexists(run.checkpoint):
+        regular_file(run.checkpoint, "checkpoint.pt", RunDirError)  # a FIFO would block torch.load for ever
     state = run.load(run.checkpoint)
     found = state.get("run_id") if isinstance(state, dict) else None
     return found if isinstance(found, str) and found else None
 
 
 def _best(run: RunDir, cfg, outcome: str) -> dict:
-    """best.pt, if it is this run's (its run id and config hash) and holds only finite tensors: an export
-    carries no model that resume would refuse."""
-    if not run.best.is_file():
+    """best.pt, if it is this run's (its run id and config hash); its tensors are checked against the model
+    (`_check`): an export carries no model that resume would refuse."""
+    if not os.path.lexists(run.best):
         raise ConfigError(f"{run.path}: no best.pt (the run has no evaluated round yet)")
+    regular_file(run.best, "best.pt", RunDirError)
     state = run.load(run.best)
     if not isinstance(state, dict) or not isinstance(state.get("server"), dict) \
             or not isinstance(state["server"].get("params"), dict):
@@ -123,30 +164,19 @@ def _best(run: RunDir, cfg, outcome: str) -> dict:
                           f"{outcome}")
     if state.get("config") != config_hash(cfg):
         raise RunDirError(f"{run.best} was trained under another config than {run.config}; {outcome}")
-    _finite(state["server"]["params"], run.best, outcome)
     return state
 
 
-def _finite(tensors: dict, source: Path, outcome: str) -> None:
-    """Every tensor a tensor and finite, else RunDirError naming `source` and the tensor."""
-    for name, t in tensors.items():
-        if not isinstance(t, torch.Tensor):
-            raise RunDirError(f"{source}: {name!r} is not a tensor; {outcome}")
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            bad = int((~torch.isfinite(t)).sum())
-            raise RunDirError(f"{source}: tensor {name!r} holds {bad} NaN/Inf values; {outcome}")
+def _check(tensors: dict, params: dict, source: Path, outcome: str, partial: bool = False) -> None:
+    """RunDirError naming `source` and the tensor when `tensors` are not the model's (resume's check)."""
+    problem = tensor_problem(tensors, params, partial)
+    if problem is not None:
+        raise RunDirError(f"{source}: {problem}; {outcome}")
 
 
-def _fits(tensors: dict, params: dict, source: Path, outcome: str) -> None:
-    """Each tensor shaped as the model's (a best.pt of another model size is named, not a traceback)."""
-    for name, t in tensors.items():
-        if tuple(t.shape) != tuple(params[name].shape):
-            raise RunDirError(f"{source}: tensor {name!r} has shape {tuple(t.shape)}, the model's is "
-                              f"{tuple(params[name].shape)}; {outcome}")
-
-
-def _silo_tensors(run: RunDir, state: dict, silo: str, outcome: str) -> dict[str, torch.Tensor]:
-    """The silo's kept tensors at the best round (its private ones, or its whole model when it keeps one)."""
+def _silo_tensors(run: RunDir, state: dict, silo: str) -> tuple[dict[str, torch.Tensor], Path]:
+    """The silo's kept tensors at the best round (its private ones, or its whole model when it keeps one),
+    and where they were read."""
     clients = state.get("clients", {}).get("store")
     if clients is None or clients.get("kind") == "flower":
         raise ConfigError(f"--silo {silo}: the run's silos kept their state on their own machines; use it there")
@@ -156,9 +186,7 @@ def _silo_tensors(run: RunDir, state: dict, silo: str, outcome: str) -> dict[str
     if kept is None:
         raise ConfigError(f"--silo {silo}: no state of {silo!r} in {run.path} (not a silo of this run, or it "
                           "never trained)")
-    own = kept.slot("own")
-    _finite(own, store_root(run.path) / silo if clients["kind"] == "disk" else run.best, outcome)
-    return own
+    return kept.slot("own"), store_root(run.path) / silo if clients["kind"] == "disk" else run.best
 
 
 def _merged_as_lora(model, base) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -172,15 +200,6 @@ def _merged_as_lora(model, base) -> dict[str, tuple[torch.Tensor, torch.Tensor]]
         root = s[:keep].sqrt()
         out[p.module] = ((u[:, :keep] * root).float(), (root[:, None] * vh[:keep]).float())
     return out
-
-
-def _local_checkpoint(cfg: RunConfig) -> str | None:
-    """The base's folder on disk, absolute, when the run's base is that checkpoint unchanged."""
-    mcfg = model_config(cfg)
-    if mcfg.name is None or mcfg.init_from:  # init_from's tensors replaced the checkpoint's
-        return None
-    path = Path(mcfg.name).expanduser()
-    return str(path.resolve()) if path.is_dir() else None
 
 
 class _Peft(NamedTuple):
@@ -203,7 +222,7 @@ def _as_peft(trained: Trained, lora: LoraSettings, before_wrap=None) -> _Peft:
     ranks = {module: b.shape[1] for module, (b, _) in factors.items()}
     head = [n.split(".modules_to_save.")[0] for n in params if ".modules_to_save." in n]
     adapters = pairs(n for n, _ in model.named_parameters())  # ffa's A is frozen, so not among `params`
-    causal = _is_causal_lm(model)
+    causal = auto_class(model) == "AutoModelForCausalLM"  # peft's CAUSAL_LM: AutoPeftModelForCausalLM insists
     config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, bias="none",
                         target_modules=sorted({p.module.rsplit(".", 1)[-1] for p in adapters}),
                         modules_to_save=sorted(set(head)) or None, task_type="CAUSAL_LM" if causal else None,
@@ -227,70 +246,66 @@ def _as_peft(trained: Trained, lora: LoraSettings, before_wrap=None) -> _Peft:
     return _Peft(peft_model, base, extra, lora.aggregation)
 
 
-def _record(out: Path, trained: Trained, silo: str | None, form: str, aggregation: str | None) -> None:
-    (out / "fedsilo_export.json").write_text(json.dumps(
-        {"run": str(trained.run.path), "round": trained.state.get("round"), "silo": silo, "form": form,
-         "aggregation": aggregation, "private": list(exchange_plan(trained.cfg).private),
-         "personal_tensors": trained.personal}, indent=1) + "\n")
-
-
 def export_run(run_dir: str | Path, out: str | Path, silo: str | None = None, with_base: bool = False,
-               merged: bool = False) -> tuple[Path, list[str], str]:
-    """`fedsilo export`: the adapters, or the whole model when `merged` or the run has no lora surgery;
-    returns (`out`, the silo's own tensors, the form written: "adapters", "merged" or "full")."""
+               merged: bool = False, force: bool = False) -> Exported:
+    """`fedsilo export`: the adapters, or the whole model when `merged` or the run has no lora surgery,
+    written whole into `out` (an `out` that holds files is replaced only when `force`)."""
     run, cfg = run_config(run_dir)
+    out = Path(out)
     lora = lora_settings(cfg.model)
-    if not merged and lora is not None:
-        return (*export_adapters(run_dir, out, silo, with_base), "adapters")
-    form = "merged" if lora is not None else "full"
-    if with_base:
+    form = "adapters" if lora is not None and not merged else "merged" if lora is not None else "full"
+    if with_base and form != "adapters":
         raise ConfigError(f"--with-base: a {form} model holds its base weights already (a run "
                           f"{'with' if lora else 'without'} the lora surgery); leave --with-base out")
-    return (*export_model(run_dir, out, silo), form)
-
-
-def export_adapters(run_dir: str | Path, out: str | Path, silo: str | None = None,
-                    with_base: bool = False) -> tuple[Path, list[str]]:
-    """Write the run's (or `silo`'s) adapters and the tokenizer to `out` in peft's format; returns
-    (`out`, the silo's own tensors that replaced global ones)."""
-    run, cfg = run_config(run_dir)
-    lora = lora_settings(cfg.model)
-    if lora is None:
-        raise ConfigError(f"{run.path}: the run has no lora surgery (model.surgery), so it has no adapters to "
-                          "export; export its whole model with --merged")
-    trained = load_trained(run_dir, silo, fp32=True)
-    out = Path(out)
-
-    def save_base(base) -> None:  # before peft injects its layers into it
-        out.mkdir(parents=True, exist_ok=True)
-        if with_base:
-            _save_model(base, trained.tokenizer, out / "base")
-
-    peft = _as_peft(trained, lora, save_base)
-    config = peft.model.peft_config["default"]
-    config.base_model_name_or_path = str((out / "base").resolve()) if with_base else \
-        _local_checkpoint(cfg) or config.base_model_name_or_path
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        peft.model.save_pretrained(out)
-    if trained.tokenizer is not None:  # AutoPeftModel reads it (to size the embeddings)
-        trained.tokenizer.save_pretrained(out)
-    if peft.extra:
-        save_file(peft.extra, out / "fedsilo_extra.safetensors")
-    _record(out, trained, silo, "adapters", lora.aggregation)
-    return out, trained.personal
-
-
-def export_model(run_dir: str | Path, out: str | Path, silo: str | None = None) -> tuple[Path, list[str]]:
-    """Write the run's (or `silo`'s) whole model and tokenizer to `out` in Hugging Face's format (a
-    LoRA run's adapters merged into the base); returns (`out`, the silo's own tensors)."""
-    run, cfg = run_config(run_dir)
     others = [s.name for s in cfg.model.surgeries if not isinstance(s.settings(), LoraSettings)]
-    if others:
+    if form != "adapters" and others:
         raise ConfigError(f"{run.path}: the model has the {', '.join(others)} surgery, whose tensors no Hugging Face "
                           "model holds; export the adapters (without --merged)")
-    lora = lora_settings(cfg.model)
+    check_out(out, run.path, force)
     trained = load_trained(run_dir, silo, fp32=True)
+    base = base_reference(trained.cfg, with_base)
+    with written_whole(out) as folder:
+        if form == "adapters":
+            auto = _write_adapters(trained, lora, folder, base, with_base)
+        else:
+            auto = _write_model(trained, lora, folder)
+        load = loader(form, auto, str(out), base)
+        facts = _facts(trained, silo, form, lora, base, load, str(out))
+        (folder / "README.md").write_text(model_card(facts, trained.tokenizer is not None))
+        _record(folder, facts)
+    return Exported(out, form, trained.personal, bool(trained.alone), load)
+
+
+def export_adapters(run_dir: str | Path, out: str | Path, silo: str | None = None, with_base: bool = False,
+                    force: bool = False) -> Exported:
+    """`export_run` of the adapters, refusing a run that has none."""
+    run, cfg = run_config(run_dir)
+    if lora_settings(cfg.model) is None:
+        raise ConfigError(f"{run.path}: the run has no lora surgery (model.surgery), so it has no adapters to "
+                          "export; export its whole model with --merged")
+    return export_run(run_dir, out, silo, with_base, merged=False, force=force)
+
+
+def _write_adapters(trained: Trained, lora: LoraSettings, folder: Path, base: BaseReference, with_base: bool) -> str:
+    """The adapters and the tokenizer in peft's format (and the base under base/); returns the base's Auto class."""
+    def save_base(model) -> None:  # before peft injects its layers into it
+        if with_base:
+            _save_model(model, trained.tokenizer, folder / "base")
+
+    peft = _as_peft(trained, lora, save_base)
+    peft.model.peft_config["default"].base_model_name_or_path = base.name
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        peft.model.save_pretrained(folder)
+    if trained.tokenizer is not None:  # AutoPeftModel reads it (to size the embeddings)
+        trained.tokenizer.save_pretrained(folder)
+    if peft.extra:
+        save_file(peft.extra, folder / "fedsilo_extra.safetensors")
+    return auto_class(peft.base)  # peft injects its layers in place: the base keeps its class
+
+
+def _write_model(trained: Trained, lora: LoraSettings | None, folder: Path) -> str:
+    """The whole model (a LoRA run's adapters merged into the base) and its tokenizer; returns its Auto class."""
     model = trained.model
     if lora is not None:
         peft = _as_peft(trained, lora)
@@ -298,12 +313,25 @@ def export_model(run_dir: str | Path, out: str | Path, silo: str | None = None) 
             warnings.simplefilter("ignore")
             model = peft.model.merge_and_unload()
     if not hasattr(model, "save_pretrained"):
-        raise ConfigError(f"{run.path}: the run's model ({type(model).__name__}) is not a Hugging Face model; "
-                          f"{EXPORTED}")
-    out = Path(out)
-    _save_model(model, trained.tokenizer, out)
-    _record(out, trained, silo, "merged" if lora is not None else "full", lora.aggregation if lora else None)
-    return out, trained.personal
+        raise ConfigError(f"{trained.run.path}: the run's model ({type(model).__name__}) is not a Hugging Face "
+                          f"model; {EXPORTED}")
+    _save_model(model, trained.tokenizer, folder)
+    return auto_class(model)
+
+
+def _facts(trained: Trained, silo: str | None, form: str, lora: LoraSettings | None, base: BaseReference,
+           load: str, folder: str) -> dict:
+    """fedsilo_export.json's record, which the model card tells in words."""
+    silos = list(trained.alone or trained.cfg.task.client_names())  # a finetune run's silo's run has it alone
+    return {"name": trained.cfg.name, "run": str(trained.run.path), "round": trained.state.get("round"),
+            "silo": silo, "alone": bool(trained.alone), "silos": silos, "task": trained.cfg.task.name, "form": form,
+            "aggregation": lora.aggregation if lora else None, "base": base.name, "base_path": base.path,
+            "private": list(exchange_plan(trained.cfg).private), "personal_tensors": trained.personal,
+            "folder": folder, "loader": load}
+
+
+def _record(folder: Path, facts: dict) -> None:
+    (folder / "fedsilo_export.json").write_text(json.dumps(facts, indent=1) + "\n")
 
 
 def _save_model(model, tokenizer, folder: Path) -> None:
@@ -318,12 +346,3 @@ def _save_model(model, tokenizer, folder: Path) -> None:
         model.save_pretrained(folder)
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
-
-
-def _is_causal_lm(model) -> bool:
-    """Whether the model is its architecture's causal-LM class (peft's CAUSAL_LM task type, which
-    AutoPeftModelForCausalLM insists on)."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    kind = getattr(getattr(model, "config", None), "model_type", None)
-    return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(kind) == type(model).__name__
