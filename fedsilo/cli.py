@@ -92,7 +92,9 @@ def parser() -> argparse.ArgumentParser:
                                         "for peft (adapter_config.json + adapter_model.safetensors + the tokenizer), "
                                         "or with --merged one full model; global or one silo's own")
     exp.add_argument("run_dir", help="a run directory")
-    exp.add_argument("--out", required=True, help="the folder to write")
+    exp.add_argument("--out", required=True, help="the folder to write (new or empty; written whole or not at all)")
+    exp.add_argument("--force", action="store_true", help="replace an --out that holds files (another model) as a "
+                                                          "whole; never the run itself or a folder that holds it")
     exp.add_argument("--silo", help="export this silo's personal model (its private tensors over the global ones)")
     exp.add_argument("--with-base", action="store_true", help="also save the base model (DIR/base) the adapters "
                                                               "load onto")
@@ -111,7 +113,7 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--silo", help="use this silo's personal model (its private tensors over the global ones)")
     gen.add_argument("--max-new-tokens", type=int, metavar="N",
                      help="at most N new tokens (default: the run's task.max_new_tokens)")
-    gen.set_defaults(func=commands.cmd_generate)
+    gen.set_defaults(func=commands.cmd_generate, stopped="generation stopped, nothing was written")
     cmp = sub.add_parser("compare", help="task-by-task improvement of a run over a baseline run: PIR, APIR, "
                                          "Win/Lose/Tie (the FewFedWeight paper's metrics)")
     cmp.add_argument("run", help="a finished run directory")
@@ -166,11 +168,13 @@ def parser() -> argparse.ArgumentParser:
                    help=f"which benchmark's files to fetch ({', '.join(fetchable)}), or check: check every silo "
                         "of CONFIG (malformed rows by file:line, counts, duplicates, overlap between splits, "
                         "token lengths against the model's limits, file fingerprints)")
-    d.add_argument("config", nargs="?", help="with check: the run config whose silos to check")
+    d.add_argument("config", nargs="?", help="with check: the run config whose silos to check, or a study file "
+                                             "(each data setup among its variants and seeds)")
     d.add_argument("--set", action="append", metavar="KEY=VALUE", help="with check: override a config value")
     d.add_argument("--json", metavar="FILE", help="with check: also write the findings as JSON")
     d.add_argument("--no-lengths", action="store_true",
-                   help="with check: skip token lengths (they build the model's tokenizer)")
+                   help="with check: skip token lengths and the counts a run uses (both build the task "
+                        "with the model's tokenizer)")
     d.add_argument("--mirror", help="local folder laid out like shared/data (default: $FEDSILO_DATA_MIRROR, "
                                     "then ../shared/data); else download from the public source")
     d.add_argument("--dest", help="where to put the files (default: $FEDSILO_DATA/TASK or "
@@ -226,12 +230,17 @@ def _stopped_by(err: BaseException) -> BaseException | None:
     return None
 
 
-def _stopped(stop: BaseException) -> int:
+RUN_INTERRUPTED = "the last complete round's checkpoint is kept (use --resume)"
+RUN_TERMINATED = "every process it started is stopped, the last complete round's checkpoint is kept (use --resume)"
+
+
+def _stopped(stop: BaseException, args: argparse.Namespace) -> int:
+    """What a stop leaves, in the command's own words where it has them (`stopped` in its defaults)."""
+    own = getattr(args, "stopped", None)
     if isinstance(stop, KeyboardInterrupt):
-        print("fedsilo: interrupted; the last complete round's checkpoint is kept (use --resume)", file=sys.stderr)
+        print(f"fedsilo: interrupted; {own or RUN_INTERRUPTED}", file=sys.stderr)
         return 130
-    print("fedsilo: terminated (SIGTERM); every process it started is stopped, the last complete round's "
-          "checkpoint is kept (use --resume)", file=sys.stderr)
+    print(f"fedsilo: terminated (SIGTERM); {own or RUN_TERMINATED}", file=sys.stderr)
     return 143
 
 
@@ -264,9 +273,9 @@ def main(argv: list[str] | None = None) -> int:
         stop = _stopped_by(err)
         if stop is None:
             raise
-        return _stopped(stop)
+        return _stopped(stop, args)
     except (KeyboardInterrupt, Terminated) as stop:
-        return _stopped(stop)
+        return _stopped(stop, args)
     finally:
         warnings.showwarning = show
         restore_sigterm()

@@ -5,11 +5,15 @@ bodies are kept apart from them so that `fedsilo --help` loads none of what a co
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from pathlib import Path
 
 from fedsilo.errors import UserError
+from fedsilo.fileio import regular_file
+
+NAME_MAX = 255  # bytes in a file name (ext4, XFS, APFS, NTFS): a silo's key files are named after it
 
 
 def _report(out: Path, show: bool = True) -> Path:
@@ -106,7 +110,7 @@ def _policies(args: argparse.Namespace) -> dict[str, str]:
             raise UserError(f"--policy {item!r}: write SILO=FILE, e.g. --policy bank=bank-policy.toml")
         if silo in out:
             raise UserError(f"--policy: silo {silo!r} is given twice")
-        out[silo] = path
+        out[silo] = str(regular_file(path, f"--policy {silo}"))  # a FIFO would block the run for ever
     return out
 
 
@@ -118,14 +122,16 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     from fedsilo.rundir.datacheck import blocking_error
     from fedsilo.rundir.lock import RunLock
     from fedsilo.rundir.records import read_results
+    from fedsilo.rundir.refusal import left_as_found
     from fedsilo.runs.datareport import inspect_silos
     from fedsilo.runs.tables import print_results
     from fedsilo.tasks import TASKS
 
     cfg = absolute_config(load_config(args.config, args.set or []))
     out, work = deploy_paths(cfg, args.out, args.workdir)
-    # One writer per run directory: held here for the whole deployment; the ServerApp gets the token.
-    with RunLock(out) as lock:
+    # One writer per run directory: held here for the whole deployment; the ServerApp gets the token. A
+    # deployment refused or ended before it recorded anything leaves `out` as it found it.
+    with RunLock(out) as lock, left_as_found(out):
         with warnings.catch_warnings(record=True) as caught:  # the data is checked before any process starts
             warnings.simplefilter("always", UserWarning)
             data = TASKS.get(cfg.task.name).data_dir(cfg.task)
@@ -169,15 +175,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from fedsilo.runs.export import export_run
 
-    out, personal, form = export_run(Path(args.run_dir), Path(args.out), args.silo, args.with_base, args.merged)
+    done = export_run(Path(args.run_dir), Path(args.out), args.silo, args.with_base, args.merged, args.force)
     if args.silo is not None:
-        print(f"{args.silo}: {len(personal)} of its own tensors over the global ones" if personal else
+        print(f"{args.silo}: its own model (the run trained each silo alone)" if done.alone else
+              f"{args.silo}: {len(done.personal)} of its own tensors over the global ones" if done.personal else
               f"{args.silo} keeps no tensors of its own (exchange.private is empty): this is the global model")
-    if form == "adapters":
-        print(f"adapters: {out} (load with peft.PeftModel.from_pretrained(base_model, {str(out)!r}))")
-    else:
-        what = "the adapters merged into the base" if form == "merged" else "the whole model (full fine-tuning)"
-        print(f"model: {out}, {what} (load with transformers' AutoModel… .from_pretrained({str(out)!r}))")
+    what = {"adapters": "LoRA adapters in peft's format", "merged": "the adapters merged into the base",
+            "full": "the whole model (full fine-tuning)"}[done.form]
+    print(f"{'adapters' if done.form == 'adapters' else 'model'}: {done.folder}, {what} (model card: README.md)")
+    print(f"load with: {done.loader}")
     return 0
 
 
@@ -189,8 +195,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     elif args.prompt_file == "-":
         prompt = sys.stdin.read()
     else:
-        try:
-            prompt = Path(args.prompt_file).read_text(encoding="utf-8")
+        try:  # a FIFO or a folder is refused before it is opened (a FIFO's reader waits forever for a writer)
+            prompt = regular_file(args.prompt_file, "--prompt-file").read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:
             raise UserError(f"--prompt-file: cannot read {args.prompt_file}: {err}") from None
     print(generate(Path(args.run_dir), prompt, args.silo, args.max_new_tokens, args.system))
@@ -200,6 +206,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from fedsilo.runs.compare import CompareError, compare_runs
 
+    for run in (Path(args.run), Path(args.baseline)):
+        if os.path.lexists(run / "results.json"):  # a FIFO would block the reader for ever
+            regular_file(run / "results.json", "compare")
     try:
         summary, md = compare_runs(Path(args.run), Path(args.baseline), args.tie)
     except CompareError as err:
@@ -226,26 +235,27 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def _data_check(args: argparse.Namespace) -> int:
-    """Every silo of a config checked as a run would check it, plus token lengths; exit 1 when a
-    silo cannot be run (malformed rows it does not skip, an empty split)."""
+    """Every silo of a config, or of each data setup of a study file, checked as a run would check it,
+    with what a run uses of it and its token lengths; exit 1 when a silo cannot be run (malformed rows
+    it does not skip, an empty split)."""
     from fedsilo.config import load_config
-    from fedsilo.runs.datareport import add_lengths, inspect_silos, report, write_json
+    from fedsilo.runs.datareport import check_config, write_json
+    from fedsilo.runs.datastudy import check_study, is_study, study_setups
 
     if not args.config:
-        raise UserError("fedsilo data check needs a config: fedsilo data check CONFIG")
-    cfg = load_config(args.config, args.set or [])
+        raise UserError("fedsilo data check needs a config: fedsilo data check CONFIG (or a study file)")
+    study = is_study(args.config)
+    loaded = study_setups(args.config, args.set or []) if study else load_config(args.config, args.set or [])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
-        checks = inspect_silos(cfg)
-        if not any(c.blocking for c in checks) and not args.no_lengths:
-            add_lengths(cfg, checks)
-    for w in caught:
-        print(f"fedsilo: warning: {w.message}", file=sys.stderr)
-    print(report(checks))
+        checked = (check_study if study else check_config)(loaded, not args.no_lengths)
+    for message in dict.fromkeys(str(w.message) for w in caught):  # a study's setups may repeat one
+        print(f"fedsilo: warning: {message}", file=sys.stderr)
+    print(checked.text())
     if args.json:
-        write_json(checks, Path(args.json))
+        write_json(checked.to_json(), Path(args.json))
         print(f"written: {args.json}")
-    return 1 if any(c.blocking for c in checks) else 0
+    return 1 if checked.blocking else 0
 
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -276,15 +286,14 @@ def cmd_ledger(args: argparse.Namespace) -> int:
     from fedsilo.privacy.ledger import PrivacyLedger, describe
 
     ledger = PrivacyLedger(args.path)
-    if not ledger.path.is_file():
+    if not os.path.lexists(ledger.path):
         raise UserError(f"{ledger.path}: no privacy ledger there (a SuperNode keeps it at <state-dir>/privacy-ledger.jsonl "
                         "or its node config's `ledger`; an in-process run at <out>/privacy-ledger/<silo>.jsonl)")
     try:
+        entries = ledger.entries()  # what is not a ledger is refused before any output, and before a reset writes
         if args.ledger_command == "show":
-            shown = describe(ledger.entries())  # before any output: a bad line prints only its error
-            print(f"{ledger.path}:")
-            for line in shown:
-                print(line)
+            shown = describe(entries)
+            print(f"{ledger.path}: {shown[0]}" if not entries else "\n".join([f"{ledger.path}:", *shown]))
             return 0
         archive, count = ledger.reset(args.scope)
     except ValueError as err:  # a malformed line (file:line), or a scope the ledger does not hold
@@ -303,6 +312,11 @@ def cmd_keys(args: argparse.Namespace) -> int:
         silo = args.silo
         if not silo or silo.strip() != silo or "/" in silo or silo in (".", ".."):
             raise UserError(f"--silo {silo!r} is not a silo name usable as a file name")
+        longest = len(f"{silo}.key".encode())
+        if longest > NAME_MAX:  # the file system's limit, said before anything is made
+            raise UserError(f"--silo {silo[:20]!r}… is {len(silo.encode())} bytes: its key file {silo[:20]}….key "
+                            f"would be {longest} bytes, over the {NAME_MAX} bytes a file name may have (with "
+                            f".key/.pub); use a silo name of at most {NAME_MAX - 4} bytes")
         out = Path(args.out)
         key_path, pub_path = out / f"{silo}.key", out / f"{silo}.pub"
         for path in (key_path, pub_path):
@@ -326,8 +340,10 @@ def cmd_keys(args: argparse.Namespace) -> int:
             raise UserError(f"silo {name!r} is named twice")
         keys[name] = rosters.load_public_key(path)
     out = Path(args.out)
-    if out.exists() and not args.force:
-        raise UserError(f"{out} exists; choose another --out, or --force to overwrite it")
+    if os.path.lexists(out):
+        if not args.force:
+            raise UserError(f"{out} exists; choose another --out, or --force to overwrite it")
+        regular_file(out, "--out", UserError)  # --force overwrites a file, never a FIFO or a folder
     roster = rosters.Roster({name: rosters.raw_public_key(k) for name, k in keys.items()})
     out.parent.mkdir(parents=True, exist_ok=True)
     rosters.write_roster(roster, out)

@@ -7,6 +7,7 @@ The `[task]` section is validated by the settings class of the task it names.
 """
 from __future__ import annotations
 
+import os
 import sys
 import tomllib
 import warnings
@@ -22,6 +23,7 @@ from fedsilo.client.schedule import LR_SCHEDULES, constant
 from fedsilo.client.settings import ClientConfig
 from fedsilo.federation_settings import ExchangeConfig, FederationConfig, ServerConfig
 from fedsilo.errors import ConfigError, ConfigWarning
+from fedsilo.fileio import regular_file
 from fedsilo.models.settings import ModelConfig, reads_task_tokenizer, unread_sizes
 from fedsilo.paradigms import PARADIGMS, Paradigm
 from fedsilo.privacy.settings import SecureAggregationConfig, SiloDPConfig
@@ -345,8 +347,9 @@ def load_config(path: str | Path, assignments: list[str] = ()) -> RunConfig:
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{path} is a folder, not a config file")
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise ConfigError(f"config file not found: {path}")
+    regular_file(path, "config file", ConfigError)  # a FIFO would block the reader for ever
     try:
         raw = tomllib.loads(path.read_text())
     except UnicodeDecodeError:

@@ -45,7 +45,8 @@ from safetensors.torch import save
 from fedsilo.core.messages import ClientUpdate
 from fedsilo.core.tensors import Tensors, tensor_digest
 from fedsilo.core.transforms import SiloRefused
-from fedsilo.fileio import atomic_write_bytes
+from fedsilo.errors import ConfigError
+from fedsilo.fileio import atomic_write_bytes, regular_file
 
 from .accountant import Budget
 from .ledger_lines import VERSION, check_entry
@@ -111,13 +112,18 @@ class PrivacyLedger:
         """Every complete line. A torn last line (no newline: the writer was killed inside the write) is
         no release: the line is fsynced before an update leaves. Any other bad line is a ValueError
         naming file:line (and the field: fedsilo.privacy.ledger_lines) — a ledger that cannot be read
-        allows no DP round."""
-
+        allows no DP round. What is there but is not a regular file (a FIFO would block the reader for
+        ever) is refused by name before it is opened; nothing there is an empty ledger."""
+        if not os.path.lexists(self.path):
+            return []
+        regular_file(self.path, "privacy ledger", ConfigError)
         try:
             text = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return []
+        except UnicodeDecodeError:
+            raise ValueError(f"privacy ledger {self.path}: not a text file (a ledger is UTF-8 JSON lines)") from None
         lines = text.split("\n")
+        if lines[-1].strip() and not lines[-1].startswith("{"):  # not the start of a line the ledger wrote
+            raise ValueError(f"privacy ledger {self.path}:{len(lines)}: not a ledger line (each is a JSON object)")
         out = []
         for lineno, line in enumerate(lines[:-1], start=1):  # the part after the last newline is torn
             if not line.strip():

@@ -8,7 +8,8 @@ hold the same roster when their fingerprints, the sha256 of its canonical form, 
 them by phone, or let the run's config name the expected one (`roster_fingerprint`).
 
 Files: a private key is PKCS#8 PEM, written 0600 and refused when others may read it; a public key
-is SubjectPublicKeyInfo PEM; a roster is TOML, `[silos]` NAME = "<64 hex digits of the raw key>".
+is SubjectPublicKeyInfo PEM; a roster is TOML, `[silos]` NAME = "<64 hex digits of the raw key>". Each
+is refused by name, before it is opened, unless it is a regular file (a FIFO would block the reader).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from fedsilo.errors import ConfigError
+from fedsilo.fileio import regular_file
 
 KEY_BYTES = 32
 SIGNATURE_BYTES = 64
@@ -121,7 +123,7 @@ def save_public_key(key: Ed25519PrivateKey, path: Path) -> None:
 
 
 def load_private_key(path: str | Path) -> Ed25519PrivateKey:
-    path = Path(path)
+    path = regular_file(path, "signing key", ConfigError)
     try:
         mode = path.stat().st_mode
         data = path.read_bytes()
@@ -141,7 +143,7 @@ def load_private_key(path: str | Path) -> Ed25519PrivateKey:
 
 
 def load_public_key(path: str | Path) -> Ed25519PublicKey:
-    path = Path(path)
+    path = regular_file(path, "public key", ConfigError)
     try:
         data = path.read_bytes()
     except OSError as err:
@@ -167,7 +169,7 @@ def write_roster(roster: Roster, path: Path) -> None:
 
 
 def read_roster(path: str | Path) -> Roster:
-    path = Path(path)
+    path = regular_file(path, "roster", ConfigError)
     try:
         raw = tomllib.loads(path.read_text())
     except OSError as err:

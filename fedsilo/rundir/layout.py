@@ -19,7 +19,8 @@ import torch
 
 from fedsilo.config import ConfigError, RunConfig, to_toml
 from fedsilo.errors import RunDirError
-from fedsilo.fileio import atomic_write, atomic_write_bytes, read_jsonl
+from fedsilo.fileio import atomic_write, atomic_write_bytes, read_jsonl, regular_file
+from fedsilo.rundir.tensor_check import tensor_problem
 
 # Keys that may change between a run and its resume without changing its past (more rounds; how the
 # CPU is used, which each round records in rounds.jsonl as `compute`). Results equal across worker
@@ -53,15 +54,9 @@ def _structure_problem(state: object, like: dict) -> str | None:
     if not isinstance(state["round"], int) or not isinstance(state["server"], dict) \
             or not isinstance(state["server"].get("params"), dict) or "optimizer" not in state["server"]:
         return "its round or server state has the wrong structure"
-    params = state["server"]["params"]
-    if set(params) != set(like):
-        extra, lacking = sorted(set(params) - set(like)), sorted(set(like) - set(params))
-        return f"its tensors do not match the model (unexpected {extra[:3]}, missing {lacking[:3]})"
-    for name, t in params.items():
-        if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(like[name].shape):
-            return f"tensor {name!r} has the wrong shape"
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            return f"tensor {name!r} holds NaN/Inf values"
+    problem = tensor_problem(state["server"]["params"], like)
+    if problem is not None:
+        return problem
     where = _nonfinite(state["server"]["optimizer"], "optimizer")
     if where is not None:  # e.g. FedOPT/Adam moments: every later step would be skipped
         return f"its server optimiser state holds NaN/Inf values (server {where})"
@@ -232,18 +227,20 @@ def tokenizer_identity(tokenizer) -> str | None:
 
 def init_tensors(source: str | Path, like: dict, tokenizer: str | None = None) -> dict[str, torch.Tensor]:
     """The tensors `model.init_from` names: a run directory's best.pt (its selected global model), a
-    fedsilo checkpoint file, or a plain state dict. Each must be a tensor of the model, shaped as
-    there and finite; model tensors the source lacks keep their fresh values (with a warning).
+    fedsilo checkpoint file, or a plain state dict. Each must be a tensor of the model, shaped and typed
+    as there and finite (`tensor_problem`); model tensors the source lacks keep their fresh values (with
+    a warning: a partial start is allowed).
     `tokenizer`: the identity of the tokenizer this run fitted itself (none saved beside the
     checkpoint): a checkpoint recording another is refused, one recording none is warned about."""
     path = Path(source).expanduser()
     if path.is_dir():
-        if not (path / "best.pt").is_file():
+        if not os.path.lexists(path / "best.pt"):
             raise ConfigError(f"model.init_from: {path} holds no best.pt (a run directory with at least "
                               "one evaluated round, or a checkpoint file)")
         path = path / "best.pt"
-    if not path.is_file():
+    elif not os.path.lexists(path):
         raise ConfigError(f"model.init_from: {path} is neither a run directory nor a checkpoint file")
+    regular_file(path, "model.init_from", ConfigError)  # a FIFO would block torch.load for ever
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - any unreadable file is the same user-facing problem
@@ -253,15 +250,9 @@ def init_tensors(source: str | Path, like: dict, tokenizer: str | None = None) -
         state = state["server"].get("params")
     if not isinstance(state, dict) or not state or not all(isinstance(t, torch.Tensor) for t in state.values()):
         raise ConfigError(f"model.init_from: {path} holds no named tensors (a fedsilo checkpoint or a state dict)")
-    for name, t in state.items():
-        if name not in like:
-            raise ConfigError(f"model.init_from: {path}: tensor {name!r} is not in this model "
-                              f"(another model architecture?)")
-        if tuple(t.shape) != tuple(like[name].shape):
-            raise ConfigError(f"model.init_from: {path}: tensor {name!r} has shape {tuple(t.shape)}, the "
-                              f"model's is {tuple(like[name].shape)} (another tokenizer or model size?)")
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            raise ConfigError(f"model.init_from: {path}: tensor {name!r} holds NaN/Inf values")
+    problem = tensor_problem(state, like, partial=True)  # missing tensors: warned about below
+    if problem is not None:
+        raise ConfigError(f"model.init_from: {path}: {problem}")
     if tokenizer is not None and recorded is not None and recorded != tokenizer:
         raise ConfigError(f"model.init_from: {path} was trained with another tokenizer (vocabulary {recorded}, this "
                           f"run's {tokenizer}): its embeddings would sit on other pieces; start from the run "

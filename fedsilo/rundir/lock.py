@@ -2,7 +2,10 @@
 
 Two runs writing one `--out` would interleave rounds.jsonl and overwrite each other's checkpoints;
 the second one fails at once instead. The lock is an `flock` on `OUT/.lock`, so it vanishes with
-the process that held it (a killed run never leaves a stale lock behind).
+the process that held it (a killed run never leaves a stale lock behind). Released, the lock takes
+its file with it (a run that opened the file just before then finds it gone after its flock, and
+locks afresh), and when it is let go on an error, the folders it made if they are left empty: a run
+refused at its start leaves no --out behind.
 
 `fedsilo deploy` holds the lock in the command's own process and hands a token to the ServerApp it
 submits (another process): the ServerApp trusts a lock file holding that token instead of locking.
@@ -40,21 +43,31 @@ class RunLock:
         self.path = self.run_dir / ".lock"
         self.token: str | None = None
         self._fh = None
+        self._made: list[Path] = []  # the folders acquire() created, deepest first
 
     def acquire(self) -> "RunLock":
         if self.run_dir.exists() and not self.run_dir.is_dir():
             raise RunDirError(f"{self.run_dir} is a file, not a run directory")
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        fh = open(self.path, "a+")
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.seek(0)
-            holder = fh.read().split()
-            fh.close()
-            pid = f" (process {holder[0]})" if holder else ""
-            raise RunLocked(f"{self.run_dir} is in use by another fedsilo run{pid}; wait for it to end "
-                            "or choose another --out") from None
+        self._made = []
+        while True:
+            self._made += _missing_folders(self.run_dir)
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                fh = open(self.path, "a+")
+            except FileNotFoundError:  # a holder letting go removed the folder in between
+                continue
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                fh.seek(0)
+                holder = fh.read().split()
+                fh.close()
+                pid = f" (process {holder[0]})" if holder else ""
+                raise RunLocked(f"{self.run_dir} is in use by another fedsilo run{pid}; wait for it to end "
+                                "or choose another --out") from None
+            if _same_file(fh, self.path):
+                break
+            fh.close()  # its holder removed it as it let go: lock the one at the path now
         self.token = uuid.uuid4().hex
         fh.seek(0)
         fh.truncate()
@@ -64,18 +77,48 @@ class RunLock:
         _HELD.add(self)
         return self
 
-    def release(self) -> None:
+    def release(self, failed: bool = False) -> None:
+        """Let go; `failed`: on an error, which also removes the folders acquire() made, those left empty."""
         if self._fh is not None:
+            self.path.unlink(missing_ok=True)  # still held: no other run can be locking this file
+            if failed:
+                self._remove_made()
             fcntl.flock(self._fh, fcntl.LOCK_UN)
             self._fh.close()
             self._fh = None
             _HELD.discard(self)
 
+    def _remove_made(self) -> None:
+        for folder in self._made:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (or gone): it and its parents stay
+                break
+
     def __enter__(self) -> "RunLock":
         return self.acquire()
 
-    def __exit__(self, *exc) -> None:
-        self.release()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.release(failed=exc_type is not None)
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """`folder` and its parents that do not exist yet, deepest first."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+def _same_file(fh, path: Path) -> bool:
+    """Whether the open `fh` is still the file at `path` (not one a releasing holder unlinked)."""
+    try:
+        here = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fh.fileno())
+    return (mine.st_dev, mine.st_ino) == (here.st_dev, here.st_ino)
 
 
 def held_for(run_dir: str | Path, token: str | None) -> bool:

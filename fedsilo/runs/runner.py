@@ -26,6 +26,7 @@ from fedsilo.rundir.datacheck import check_at_start
 from fedsilo.rundir.layout import RunDir, RunDirError, config_hash, tokenizer_identity
 from fedsilo.rundir.lock import RunLock
 from fedsilo.rundir.records import item_records, privacy_spent, read_items, spent_silos, write_items
+from fedsilo.rundir.refusal import left_as_found
 from fedsilo.server import Server, sample_clients
 from fedsilo.tasks import TASKS
 from fedsilo.tasks.base import NONFINITE, MetricSpec, WithReferences, select_best
@@ -334,7 +335,8 @@ def run_experiment(cfg: RunConfig, out: str | Path, resume: bool = False, show_p
     earlier runs of a study gave (each is shown once per study)."""
     out = Path(out)
     build_recipe(cfg)  # refused before the run directory is touched
-    with RunLock(out), Progress(enabled=show_progress, heard=heard) as progress:
+    # refused at its start, the run leaves `out` as it found it: what it made there removed, then the lock
+    with RunLock(out), left_as_found(out), Progress(enabled=show_progress, heard=heard) as progress:
         if cfg.participation.per_silo_runs:
             if policies:
                 raise ConfigError(f"--policy: paradigm {cfg.paradigm!r} trains each silo alone; nothing leaves a silo")

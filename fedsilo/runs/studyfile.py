@@ -20,6 +20,7 @@ Running the variants is study.py; this module only reads and validates, so a stu
 from __future__ import annotations
 
 import copy
+import os
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -29,6 +30,7 @@ from typing import Any
 from pydantic import Field, ValidationError
 
 from fedsilo.config import ConfigError, RunConfig, Strict, apply_overrides, locate_files, validate
+from fedsilo.fileio import regular_file
 from fedsilo.recipe import build_recipe
 
 __all__ = ["StudySettings", "load_study", "parse_seeds", "check_seeds", "deep_merge", "seeded"]
@@ -102,9 +104,12 @@ def seeded(cfg: RunConfig, seed: int, vary_sample: bool = True) -> RunConfig:
     return cfg.model_copy(update=update)
 
 
-def _read_toml(path: Path, missing: str) -> dict:
-    if not path.is_file():
+def _read_toml(path: Path, what: str, missing: str) -> dict:
+    """The TOML file `what` names; one that is there but is not a regular file (a FIFO would block the
+    reader for ever, a folder) is refused by name before it is opened."""
+    if not os.path.lexists(path):
         raise ConfigError(missing)
+    regular_file(path, what, ConfigError)
     try:
         return tomllib.loads(path.read_text())
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
@@ -116,7 +121,7 @@ def load_study(path: str | Path, assignments: Sequence[str] = (), only: Sequence
     """(settings, {variant: validated config}); `assignments` (`--set`) change the base. With `seed`,
     each config is `seeded` (its name gains /seed-S when `multi_seed`)."""
     path = Path(path)
-    raw = _read_toml(path, f"study file not found: {path}")
+    raw = _read_toml(path, "study file", f"study file not found: {path}")
     unknown = sorted(set(raw) - {"study", "base", "variants"})
     if unknown:
         raise ConfigError(f"{path}: {unknown[0]}: unknown section (a study has [study], [base], [variants.NAME])")
@@ -147,7 +152,7 @@ def load_study(path: str | Path, assignments: Sequence[str] = (), only: Sequence
     base = dict(raw.get("base") or {})
     if settings.config is not None:  # a run config file as the base; [base] changes it
         source = (path.parent / settings.config).expanduser()
-        own = _read_toml(source, f"{path}: [study] config: {source} is not a file")
+        own = _read_toml(source, f"{path}: [study] config", f"{path}: [study] config: {source} is not a file")
         base = deep_merge(locate_files(own, source.parent), base)  # its paths: relative to its own folder
     base = apply_overrides(base, list(assignments))
     suffix = f"/seed-{seed}" if multi_seed else ""

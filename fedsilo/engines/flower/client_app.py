@@ -30,7 +30,7 @@ from fedsilo.rundir.datacheck import check_at_start
 from fedsilo.sources.confine import confine, silo_folder
 from fedsilo.tasks.base import evaluate_rows
 
-from fedsilo.fileio import atomic_write_bytes
+from fedsilo.fileio import atomic_write_bytes, regular_file
 
 from .codec import (from_arrays, masked_to_content, pack, pack_shares, refusal_to_content, rows_to_record, unpack,
                     unpack_keys, update_to_content)
@@ -153,7 +153,7 @@ def silo_secret(node_config: dict, root: Path) -> bytes | None:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        secret = path.read_bytes()
+        secret = regular_file(path, "the silo's secret", ConfigError).read_bytes()
         if len(secret) != 32:
             raise ConfigError(f"{path}: the silo's secret is {len(secret)} bytes, not 32 (remove it: a new one is "
                               "made)") from None
@@ -164,6 +164,23 @@ def silo_secret(node_config: dict, root: Path) -> bytes | None:
         fh.flush()
         os.fsync(fh.fileno())
     return secret
+
+
+NODE_FILES = ("roster", "signing-key", "policy")  # files the operator names in the node config, read on the silo
+
+
+def check_node_paths(node_config: dict) -> None:
+    """Refuse by its node config key, before the silo opens anything, a file its operator named that is not
+    a regular file (a FIFO would block the silo for ever), a ledger that is there but is not one, and a
+    state-dir that is not a folder."""
+    named = [key for key in NODE_FILES if key in node_config]
+    if "ledger" in node_config and os.path.lexists(str(node_config["ledger"])):  # made by its first release
+        named.append("ledger")
+    for key in named:
+        regular_file(str(node_config[key]), f"this SuperNode's node config {key}", ConfigError)
+    state = node_config.get("state-dir")
+    if state and os.path.lexists(str(state)) and not Path(str(state)).is_dir():
+        raise ConfigError(f"this SuperNode's node config state-dir: {state} is not a folder")
 
 
 def node_flag(node_config: dict, key: str, default: bool) -> bool:
@@ -182,6 +199,7 @@ def silo_for(message: Message, context: Context) -> Silo:
     text = str(conf["config"])
     cfg = validate(tomllib.loads(text), "config from the ServerApp")
     node = context.node_config
+    check_node_paths(node)
     name = silo_name(cfg, node)
     data_dir = node.get("data-dir", cfg.task.data_dir)
     root = node.get("state-dir") or Path(tempfile.gettempdir()) / "fedsilo-flower-state" / name
