@@ -84,3 +84,13 @@ def regular_file(path: str | Path, what: str, error: type[FedsiloError] = UserEr
     if why:
         raise error(f"{what}: {path} is {why}")
     return path
+
+
+def writable_file(path: str | Path, what: str, error: type[FedsiloError] = UserError) -> Path:
+    """`path` as a Path when nothing is there or a regular file is (which a write replaces); a FIFO there
+    would block the writer for ever, a folder is no file: `error` naming `what`."""
+    path = Path(path)
+    why = not_readable(path)
+    if why and why != "not found":
+        raise error(f"{what}: {path} is {why}")
+    return path

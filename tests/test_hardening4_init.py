@@ -154,6 +154,22 @@ def test_init_on_non_ascii_file_names_writes_valid_toml_with_ascii_silo_names(tm
     assert len(load_rows("cafe", cfg.task.sources["cafe"]).splits["train"]) > 0
 
 
+def test_init_names_a_file_whose_name_is_not_utf8_and_uses_the_other_silos(tmp_path, capsys):
+    """Before: "made a config that is not valid TOML ... please report it" (TOML is UTF-8 text and cannot
+    hold the name's undecodable byte). Now that file is named unused with why; the others make the config."""
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = "instruction,output\n" + "".join(f"do {i},done {i}\n" for i in range(10))
+    (data / "ok.csv").write_text(rows)
+    with open(bytes(data) + b"/h\xe9pital.csv", "w") as fh:  # Latin-1's é: no UTF-8 text
+        fh.write(rows)
+    config = tmp_path / "mine.toml"
+    assert init(data, config) == 0
+    out = capsys.readouterr().out
+    assert "not used: h" in out and "a name that is not UTF-8 text, which a config cannot hold: rename it" in out
+    assert load_config(config).task.silos == ["ok"]
+
+
 # ---- item 4: JSON arrays, and chat rows among Alpaca rows ------------------------------------------
 
 def test_a_jsonl_holding_one_json_array_is_named_as_one_and_init_reads_it_as_json(tmp_path, capsys):

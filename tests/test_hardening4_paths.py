@@ -135,6 +135,12 @@ def _roster_out(tmp: Path, place) -> list[str]:
     return ["keys", "roster", f"alpha={pub}", "--out", str(place(tmp / "roster.toml")), "--force"]
 
 
+def _report(tmp: Path, place, name: str) -> list[str]:
+    (tmp / "run").mkdir()
+    place(tmp / "run" / name)
+    return ["report", str(tmp / "run")]
+
+
 ENTRY_POINTS = {  # each: (tmp_path, place) → argv; place(path) makes the FIFO or folder there
     "run CONFIG": lambda tmp, place: ["run", str(place(tmp / "c.toml")), "--out", str(tmp / "out")],
     "deploy CONFIG": lambda tmp, place: ["deploy", str(place(tmp / "c.toml")), "--out", str(tmp / "out")],
@@ -153,6 +159,10 @@ ENTRY_POINTS = {  # each: (tmp_path, place) → argv; place(path) makes the FIFO
     "keys roster NAME=PUBFILE": lambda tmp, place: ["keys", "roster", f"alpha={place(tmp / 'a.pub')}",
                                                      "--out", str(tmp / "roster.toml")],
     "keys roster --out --force": _roster_out,
+    "report RUN results.json": lambda tmp, place: _report(tmp, place, "results.json"),
+    "report RUN rounds.jsonl": lambda tmp, place: _report(tmp, place, "rounds.jsonl"),
+    "data check --json OUT": lambda tmp, place: ["data", "check", str(toy_file(tmp)), "--no-lengths",
+                                                "--json", str(place(tmp / "check.json"))],
 }
 
 
@@ -212,6 +222,9 @@ REFUSALS = {  # each: tmp_path → (argv without --out, the culprit its one line
     "deploy: a data error at start": lambda tmp: (["deploy", str(_damaged_t2s(tmp))], "no train / dev / test examples"),
     "deploy: a policy for no silo of the run": lambda tmp: (["deploy", str(toy_file(tmp)), "--policy",
                                                             f"zeta={_policy(tmp)}"], "'zeta' is not a silo"),
+    "run --engine flower-sim: a bad config value found at start": lambda tmp: (
+        ["run", str(toy_file(tmp)), "--engine", "flower-sim", "--set", f'model.init_from="{tmp / "gone.pt"}"'],
+        "model.init_from"),
 }
 
 

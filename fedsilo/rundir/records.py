@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import math
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedsilo.fileio import atomic_write_bytes, read_jsonl
+from fedsilo.fileio import atomic_write_bytes, not_readable, read_jsonl
 
 # Display names of the text-to-SQL silos (the paper's spelling); any other name shows as it is.
 DISPLAY_NAMES: dict[str, str] = {
@@ -62,7 +63,11 @@ def run_directory(run_dir: str | Path) -> Path:
 
 
 def read_text(path: Path) -> str:
-    """A file's text; ValueError naming the file when it is not text."""
+    """A file's text; ValueError naming the file when it is not text, or not a regular file (a FIFO would
+    block the reader for ever); FileNotFoundError when nothing is there."""
+    why = not_readable(path)
+    if why and why != "not found":
+        raise ValueError(f"{path} is {why}")
     try:
         return path.read_text()
     except UnicodeDecodeError as err:
@@ -76,7 +81,7 @@ def read_rounds(run_dir: str | Path, notes: list[str] | None = None) -> list[dic
     and a note saying so is appended to ``notes`` when given; any other bad line raises
     ValueError naming file and line. The runner reads the log by the same rule."""
     path = run_directory(run_dir) / "rounds.jsonl"
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise FileNotFoundError(f"rounds log not found: {path}")
     parsed, partial = read_jsonl(read_text(path), str(path))
     if partial and notes is not None:
@@ -96,7 +101,7 @@ def read_results(run_dir: str | Path) -> dict | None:
     """``results.json`` if the run has finished, else ``None``; malformed JSON raises ValueError
     naming file and line."""
     path = run_directory(run_dir) / "results.json"
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None
     try:
         results = json.loads(read_text(path))
@@ -194,8 +199,8 @@ def _check_results(results: Mapping[str, Any], where: str) -> None:
 def read_config(root: Path) -> dict:
     """config.toml as a dict; an unreadable one is left to the runner to complain about."""
     try:
-        return tomllib.loads((root / "config.toml").read_text())
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return tomllib.loads(read_text(root / "config.toml"))
+    except (OSError, ValueError):  # TOMLDecodeError is a ValueError
         return {}
 
 
@@ -251,7 +256,7 @@ def read_items(run_dir: str | Path, split: str = "test") -> list[dict] | None:
     raises ValueError naming file, line and what is wrong (what a significance test pairs must be
     the run's own numbers)."""
     path = items_path(run_directory(run_dir), split)
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None
     parsed, partial = read_jsonl(read_text(path), str(path))
     if partial:  # written atomically: a cut line is not a crash's, the file was altered

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsilo.config import RunConfig
+from fedsilo.fileio import writable_file
 from fedsilo.models.settings import reads_task_tokenizer
 from fedsilo.rundir.datacheck import task_inspections
 from fedsilo.settings import toml_value
@@ -147,4 +148,4 @@ def report(checks: list[SiloCheck], uses: Mapping[str, Use] | None = None, notes
 
 
 def write_json(data: Any, path: Path) -> None:
-    path.write_text(json.dumps(data, indent=1) + "\n")
+    writable_file(path, "--json").write_text(json.dumps(data, indent=1) + "\n")

@@ -19,6 +19,7 @@ from fedsilo.progress import Display, Progress
 from fedsilo.recipe import build_model, build_server
 from fedsilo.rundir.layout import RunDir, tokenizer_identity
 from fedsilo.rundir.lock import RunLock, held_for
+from fedsilo.rundir.refusal import left_as_found
 from fedsilo.tasks import TASKS
 
 from .report import write_report
@@ -30,8 +31,9 @@ def serve(grid: Grid, cfg: RunConfig, out: Path, resume: bool, show_progress: Di
     """The whole run (rounds, selection, test, report) with Flower carrying the messages.
 
     One writer per run directory: the run holds its lock unless `lock_token` shows that the process
-    which submitted it (`fedsilo deploy`) holds it already."""
-    with nullcontext() if held_for(out, lock_token) else RunLock(out):
+    which submitted it (`fedsilo deploy`) holds it already. Refused at its start, it leaves `out` as it
+    found it (fedsilo.rundir.refusal)."""
+    with nullcontext() if held_for(out, lock_token) else RunLock(out), left_as_found(out):
         return _serve(grid, cfg, out, resume, show_progress)
 
 
@@ -59,8 +61,9 @@ def make_server_app(cfg: RunConfig, out: Path, resume: bool = False, show_progre
     """A ServerApp bound to one fedsilo config (simulation from Python, `fedsilo run --engine flower-sim`).
 
     A run directory in use by another run is refused here, before Flower starts its workers."""
-    with RunLock(out):
-        pass
+    if Path(out).exists():  # a folder that is not there is no one's: the run's own lock makes it
+        with RunLock(out):
+            pass
     server_app = ServerApp()
 
     @server_app.main()

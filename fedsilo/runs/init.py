@@ -104,13 +104,13 @@ def _top_entries(data_dir: Path) -> tuple[list[Path], list[tuple[str, str]]]:
     """DATA_DIR's folders and regular files, and the other entries with why they are no silo."""
     entries, unused = [], []
     for p in sorted(data_dir.iterdir()):
-        why = "a hidden entry" if p.name.startswith(".") else not_readable(p)
+        why = _unnamable(p) or ("a hidden entry" if p.name.startswith(".") else not_readable(p))
         if why == "a folder, not a file":
             why = None
         elif why is None and p.suffix.lower() == ".toml":
             why = "a config, not a silo"
         if why:
-            unused.append((p.name, why))
+            unused.append((_shown(p), why))
         else:
             entries.append(p)
     return entries, unused
@@ -240,15 +240,29 @@ def guess_silo(path: Path, roles, task: str, base: Path) -> Guess:
     return _name_unused(g, names, set(), path)
 
 
+def _unnamable(path: Path) -> str | None:
+    """Why a config cannot name `path`: a file name that is not UTF-8 (TOML is UTF-8 text), or None."""
+    try:
+        path.name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "a name that is not UTF-8 text, which a config cannot hold: rename it"
+    return None
+
+
+def _shown(path: Path) -> str:
+    """The entry's name as a terminal can print it (an undecodable byte as U+FFFD)."""
+    return os.fsencode(path.name).decode("utf-8", "replace")
+
+
 def _silo_files(g: Guess, folder: Path) -> list[Path]:
     """A silo folder's regular files; the rest (hidden, sub-folders, FIFOs, symlink loops) named unused."""
     out = []
     for p in sorted(folder.iterdir()):
-        why = "a hidden file" if p.name.startswith(".") else not_readable(p)
+        why = _unnamable(p) or ("a hidden file" if p.name.startswith(".") else not_readable(p))
         if why == "a folder, not a file":
             why = "a folder inside a silo's folder (not read)"
         if why:
-            g.unused.append((p.name, why))
+            g.unused.append((_shown(p), why))
         else:
             out.append(p)
     return out

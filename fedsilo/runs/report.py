@@ -5,6 +5,7 @@ Works for any task and paradigm; importing this module imports neither torch nor
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -102,7 +103,7 @@ def write_report(run_dir: str | Path, display: Mapping[str, str] | None = None) 
     if display is None and results and results.get("display"):
         display = results["display"]
     subruns = _subruns(root, results)
-    has_rounds = (root / "rounds.jsonl").is_file()
+    has_rounds = os.path.lexists(root / "rounds.jsonl")  # a FIFO there is named by read_rounds, not missed
     if not has_rounds and not subruns:
         raise FileNotFoundError(f"rounds log not found: {root / 'rounds.jsonl'}")
     notes: list[str] = []
