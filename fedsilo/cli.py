@@ -76,7 +76,8 @@ def parser() -> argparse.ArgumentParser:
     dep.set_defaults(func=commands.cmd_deploy)
     st = sub.add_parser("study", help="run the variants of a study file (resumable) and compare them in one table")
     st.add_argument("study", help="a study TOML: [study], [base] (a run config), [variants.NAME] (changes)")
-    st.add_argument("--out", help="study directory, one run directory per variant (default: runs/STEM)")
+    st.add_argument("--out", help="study directory, one run directory per variant (default: runs/STEM, STEM the "
+                                  "study file's name without .toml, not [study] name)")
     st.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a key of the base config")
     st.add_argument("--only", help="comma-separated variants to run and compare")
     st.add_argument("--seeds", metavar="S,S,...",
@@ -109,6 +110,9 @@ def parser() -> argparse.ArgumentParser:
     said = gen.add_mutually_exclusive_group(required=True)
     said.add_argument("--prompt", help="the instruction (one user turn)")
     said.add_argument("--prompt-file", metavar="FILE", help="read the instruction from FILE ('-': standard input)")
+    gen.add_argument("--input", default="", metavar="TEXT",
+                     help="an Alpaca input (context) for the instruction, rendered as a record's input is: after "
+                          "the instruction and a blank line, in the same user turn")
     gen.add_argument("--system", default="", help="a system turn before the instruction")
     gen.add_argument("--silo", help="use this silo's personal model (its private tensors over the global ones)")
     gen.add_argument("--max-new-tokens", type=int, metavar="N",
@@ -124,9 +128,10 @@ def parser() -> argparse.ArgumentParser:
     ini = sub.add_parser("init", help="write a commented config for a folder with one sub-folder (or file) per "
                                       "silo: formats, splits and fields detected, the rest marked DECIDE, every "
                                       "file left unused named with why")
-    ini.add_argument("data_dir", help="a folder holding one sub-folder or file per silo (CSV, TSV, JSONL, or "
-                                      "line-aligned files such as train.de / train.en: format lines; any of them "
-                                      "may be .gz), or one silo's own folder of split files")
+    ini.add_argument("data_dir", help="a folder holding one sub-folder or file per silo (CSV, TSV, JSONL, .json "
+                                      "(one JSON array of rows, as Alpaca's alpaca_data.json), or line-aligned "
+                                      "files such as train.de / train.en: format lines; any of them may be .gz), "
+                                      "or one silo's own folder of split files")
     ini.add_argument("--task", required=True,
                      help="the task family: translation, matching, text2sql, multitask, instruct")
     ini.add_argument("--out", default="fedsilo.toml", help="the config to write (default: fedsilo.toml)")

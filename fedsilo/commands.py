@@ -199,7 +199,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             prompt = regular_file(args.prompt_file, "--prompt-file").read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:
             raise UserError(f"--prompt-file: cannot read {args.prompt_file}: {err}") from None
-    print(generate(Path(args.run_dir), prompt, args.silo, args.max_new_tokens, args.system))
+    print(generate(Path(args.run_dir), prompt, args.silo, args.max_new_tokens, args.system, args.input))
     return 0
 
 
@@ -237,7 +237,7 @@ def cmd_data(args: argparse.Namespace) -> int:
 def _data_check(args: argparse.Namespace) -> int:
     """Every silo of a config, or of each data setup of a study file, checked as a run would check it,
     with what a run uses of it and its token lengths; exit 1 when a silo cannot be run (malformed rows
-    it does not skip, an empty split)."""
+    it does not skip, an empty split, a file it cannot read, splits it cannot cut: that silo's row)."""
     from fedsilo.config import load_config
     from fedsilo.runs.datareport import check_config, write_json
     from fedsilo.runs.datastudy import check_study, is_study, study_setups

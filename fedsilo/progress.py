@@ -81,7 +81,6 @@ class Progress:
         only where no earlier run of the study showed it."""
         if self._heard is not None and not self._heard.first(message, self._run):
             return
-        if self._bar:
-            self._bar.console.log(f"[yellow]{message}")
-        else:
-            self.console.print(f"fedsilo: warning: {message}", markup=False, highlight=False, soft_wrap=True)
+        # one line as without bars, printed above them while they show (not a log line: no markup, no wrap)
+        self.console.print(f"fedsilo: warning: {message}", style="yellow", markup=False, highlight=False,
+                           soft_wrap=True)

@@ -169,7 +169,7 @@ def build_model(cfg: RunConfig) -> tuple[torch.nn.Module, object]:
     base = None
     if mcfg.init_from and mcfg.surgeries:
         try:  # a bare model (a generic base) is what a surgery adapts: loaded before LoRA freezes and wraps its layers
-            base = init_tensors(mcfg.init_from, federated_parameters(model), identity)
+            base = init_tensors(mcfg.init_from, federated_parameters(model), identity, mcfg)
             load_tensors(model, base)
         except ConfigError:
             base = None  # not the bare model's tensors (a LoRA run's adapters): loaded after the surgery
@@ -178,7 +178,7 @@ def build_model(cfg: RunConfig) -> tuple[torch.nn.Module, object]:
         SURGERIES.get(surgery.name)(model, surgery.settings(), cfg.seed)
         model.to(device)
     if mcfg.init_from and base is None:
-        load_tensors(model, init_tensors(mcfg.init_from, federated_parameters(model), identity))
+        load_tensors(model, init_tensors(mcfg.init_from, federated_parameters(model), identity, mcfg))
     device = next(model.parameters()).device
     check_precision(mcfg.precision, device)
     set_tf32(device, mcfg.tf32)
@@ -263,7 +263,6 @@ def give_ledger(client: SiloClient, path: Path, run_key, scope: str | None = Non
         client.ledger = SiloLedger(PrivacyLedger(path), run_key, scope, client.name, one_operator)
 
 
-LEDGER_FOLDER = "privacy-ledger"  # in a run directory: each silo's privacy ledger (in-process runs)
 
 
 def give_ledgers(clients: dict[str, SiloClient], folder: Path, run_key,

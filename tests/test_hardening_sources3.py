@@ -154,6 +154,11 @@ def test_data_check_and_run_refuse_a_fifo_in_one_line(fifo_with_a_writer, tmp_pa
     config.write_text(f'[task]\nname = "matching"\n[task.sources.bank]\npath = "{fifo_with_a_writer}"\n'
                       'split = {dev = 0.2, test = 0.2}\n')
     argv = ["data", "check", str(config)] if command == "check" else ["run", str(config), "--out", str(tmp_path / "r")]
+    if command == "check":  # the silo's row of the report, which cannot be run (issue 50: exit 1, as documented)
+        assert main(argv) == 1
+        line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("silo bank (csv): "))
+        assert "cannot be run: " in line and "train.csv is a FIFO" in line
+        return
     assert main(argv) == 2
     assert "train.csv is a FIFO" in one_error_line(capsys.readouterr().err)
 
@@ -186,9 +191,9 @@ def test_a_symlink_loop_inside_a_lines_silo_is_one_line_naming_it(tmp_path, caps
     config.write_text('[task]\nname = "translation"\ntokenizer_domain = "legal"\n[task.sources.legal]\n'
                       'path = "legal"\nformat = "lines"\nfields = {source = "de", target = "en"}\n'
                       'files = {train = "train", dev = "val", test = "test"}\n')
-    assert main(["data", "check", str(config)]) == 2
-    line = one_error_line(capsys.readouterr().err)
-    assert "symlink loop" in line and "train.en" in line
+    assert main(["data", "check", str(config)]) == 1  # the silo's row (issue 50: exit 1, as documented)
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("silo legal"))
+    assert "cannot be run: " in line and "symlink loop" in line and "train.en" in line
 
 
 def test_init_names_a_symlink_loop_and_uses_the_other_silos(tmp_path, capsys):

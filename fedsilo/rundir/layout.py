@@ -20,12 +20,15 @@ import torch
 from fedsilo.config import ConfigError, RunConfig, to_toml
 from fedsilo.errors import RunDirError
 from fedsilo.fileio import atomic_write, atomic_write_bytes, read_jsonl, regular_file
+from fedsilo.models.settings import SIZE_KEYS, unread_sizes
+from fedsilo.settings import toml_value
 from fedsilo.rundir.tensor_check import tensor_problem
 
 # Keys that may change between a run and its resume without changing its past (more rounds; how the
 # CPU is used, which each round records in rounds.jsonl as `compute`). Results equal across worker
 # counts only at equal threads per client (float reductions depend on the thread count).
 RESUMABLE_CHANGES = {("federation", "rounds"), ("engine", "threads"), ("engine", "workers")}
+LEDGER_FOLDER = "privacy-ledger"  # in a run directory: each silo's privacy ledger (in-process runs)
 FAILED = "failed.json"  # why a run stopped (RunFailed); a resume repeats the failure instead of finishing
 
 
@@ -225,14 +228,16 @@ def tokenizer_identity(tokenizer) -> str | None:
     return hashlib.sha256(json.dumps(pieces, ensure_ascii=False).encode()).hexdigest()[:16]
 
 
-def init_tensors(source: str | Path, like: dict, tokenizer: str | None = None) -> dict[str, torch.Tensor]:
+def init_tensors(source: str | Path, like: dict, tokenizer: str | None = None, model=None) -> dict[str, torch.Tensor]:
     """The tensors `model.init_from` names: a run directory's best.pt (its selected global model), a
     fedsilo checkpoint file, or a plain state dict. Each must be a tensor of the model, shaped and typed
     as there and finite (`tensor_problem`); model tensors the source lacks keep their fresh values (with
     a warning: a partial start is allowed).
     `tokenizer`: the identity of the tokenizer this run fitted itself (none saved beside the
-    checkpoint): a checkpoint recording another is refused, one recording none is warned about."""
+    checkpoint): a checkpoint recording another is refused, one recording none is warned about.
+    `model`: this run's [model] settings, which a refusal compares with a run directory's."""
     path = Path(source).expanduser()
+    folder = path
     if path.is_dir():
         if not os.path.lexists(path / "best.pt"):
             raise ConfigError(f"model.init_from: {path} holds no best.pt (a run directory with at least "
@@ -252,7 +257,7 @@ def init_tensors(source: str | Path, like: dict, tokenizer: str | None = None) -
         raise ConfigError(f"model.init_from: {path} holds no named tensors (a fedsilo checkpoint or a state dict)")
     problem = tensor_problem(state, like, partial=True)  # missing tensors: warned about below
     if problem is not None:
-        raise ConfigError(f"model.init_from: {path}: {problem}")
+        raise ConfigError(f"model.init_from: {path}: {problem}{_settings_differ(folder, model)}")
     if tokenizer is not None and recorded is not None and recorded != tokenizer:
         raise ConfigError(f"model.init_from: {path} was trained with another tokenizer (vocabulary {recorded}, this "
                           f"run's {tokenizer}): its embeddings would sit on other pieces; start from the run "
@@ -267,3 +272,20 @@ def init_tensors(source: str | Path, like: dict, tokenizer: str | None = None) -
         warnings.warn(f"model.init_from: {path} has no values for {len(missing)} of the model's tensors "
                       f"(e.g. {missing[0]!r}); they keep their initial values", stacklevel=2)
     return state
+
+
+def _settings_differ(folder: Path, model) -> str:
+    """Where a run directory's tensors do not fit: the [model] settings its config.toml gives otherwise
+    than this run's (`model`), each there and here; "" when none is known to differ."""
+    config = folder / "config.toml"
+    if model is None or not config.is_file():
+        return ""
+    try:
+        there = tomllib.loads(config.read_text()).get("model", {})
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return ""
+    unread = unread_sizes(model.kind, model.name)[0]
+    keys = ["kind", "name", *(k for k in SIZE_KEYS if k != "dropout" and k not in unread)]
+    differ = [f"model.{k} = {toml_value(there[k])} there, {toml_value(getattr(model, k))} here" for k in keys
+              if there.get(k) is not None and there[k] != getattr(model, k)]
+    return f"; {config} differs from this config in {', '.join(differ)}: set them here as there" if differ else ""

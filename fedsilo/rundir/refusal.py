@@ -15,8 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from fedsilo.recipe import LEDGER_FOLDER
-from fedsilo.rundir.layout import FAILED
+from fedsilo.rundir.layout import FAILED, LEDGER_FOLDER
 
 RUN_RECORDS = {"rounds.jsonl", "checkpoint.pt", "best.pt", "results.json", FAILED}  # any run's, or a silo's sub-run's
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsilo.config import RunConfig
+from fedsilo.errors import DataError
 from fedsilo.fileio import writable_file
 from fedsilo.models.settings import reads_task_tokenizer
 from fedsilo.rundir.datacheck import task_inspections
@@ -55,15 +56,27 @@ def inspect_silos(cfg: RunConfig, silos: list[str] | None = None, build: bool = 
     """One `SiloCheck` per silo of the run (or `silos`), from the task's `inspect`; a task without
     one (a user's plug-in) is built and its examples counted (unless not `build`: then none)."""
     plugin = TASKS.get(cfg.task.name)
-    if plugin.inspect is not None or not build:
-        return task_inspections(cfg, silos)
     silos = silos if silos is not None else cfg.task.client_names()
+    if plugin.inspect is not None:
+        return [_inspected(cfg, silo) for silo in silos]
+    if not build:
+        return []
     from fedsilo.recipe import build_task
 
     task = build_task(cfg, run_tokenizer(cfg), silos)
     return [inspect_items(silo, "plug-in", "examples",
                           {s: [Item("", repr(x), (repr(x),)) for x in task.examples(silo, s)] for s in SPLITS},
                           "example") for silo in silos]
+
+
+def _inspected(cfg: RunConfig, silo: str) -> SiloCheck:
+    """One silo's check; a data error of its own (too few groups to split, an unreadable file) is its
+    blocking row, as the exit code says, not an error that hides the other silos."""
+    try:
+        return task_inspections(cfg, [silo])[0]
+    except DataError as err:
+        source = cfg.task.own_source(silo)
+        return SiloCheck.failed(silo, source.format_name if source is not None else "benchmark", str(err))
 
 
 def selecting(settings: TaskSettings, split: str) -> str:

@@ -50,7 +50,7 @@ from fedsilo.recipe import build_model, exchange_plan, store_root
 from fedsilo.rundir.layout import RunDir, config_hash
 from fedsilo.rundir.tensor_check import tensor_problem
 
-from .export_card import BaseReference, auto_class, base_reference, loader, model_card
+from .export_card import BUNDLED_BASE, BaseReference, auto_class, base_reference, loader, model_card
 from .export_folder import check_out, written_whole
 
 __all__ = ["Trained", "Exported", "run_config", "load_trained", "export_run", "export_adapters"]
@@ -290,7 +290,7 @@ def _write_adapters(trained: Trained, lora: LoraSettings, folder: Path, base: Ba
     """The adapters and the tokenizer in peft's format (and the base under base/); returns the base's Auto class."""
     def save_base(model) -> None:  # before peft injects its layers into it
         if with_base:
-            _save_model(model, trained.tokenizer, folder / "base")
+            _save_model(model, trained.tokenizer, folder / BUNDLED_BASE)
 
     peft = _as_peft(trained, lora, save_base)
     peft.model.peft_config["default"].base_model_name_or_path = base.name
@@ -326,6 +326,7 @@ def _facts(trained: Trained, silo: str | None, form: str, lora: LoraSettings | N
     return {"name": trained.cfg.name, "run": str(trained.run.path), "round": trained.state.get("round"),
             "silo": silo, "alone": bool(trained.alone), "silos": silos, "task": trained.cfg.task.name, "form": form,
             "aggregation": lora.aggregation if lora else None, "base": base.name, "base_path": base.path,
+            "base_bundled": base.bundled,
             "private": list(exchange_plan(trained.cfg).private), "personal_tensors": trained.personal,
             "folder": folder, "loader": load}
 

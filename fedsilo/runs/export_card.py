@@ -23,9 +23,13 @@ _FORMS = {"adapters": "LoRA adapters in peft's format, over the base model",
           "full": "The whole model (full fine-tuning)"}
 
 
+BUNDLED_BASE = "base"  # --with-base: the base's folder inside the export, as the adapter config names it
+
+
 class BaseReference(NamedTuple):
     name: str | None  # the adapter config's base_model_name_or_path
     path: str | None  # the base's folder on this machine at export time, absolute
+    bundled: bool = False  # the base is saved inside the export, under DIR/base (--with-base)
 
 
 def base_reference(cfg: RunConfig, with_base: bool) -> BaseReference:
@@ -36,7 +40,7 @@ def base_reference(cfg: RunConfig, with_base: bool) -> BaseReference:
         found = Path(mcfg.name).expanduser()
         folder = str(found.resolve()) if found.is_dir() else None
     if with_base:
-        return BaseReference("base", folder)
+        return BaseReference(BUNDLED_BASE, folder, bundled=True)
     return BaseReference(mcfg.name if folder else None, folder)
 
 
@@ -57,10 +61,10 @@ def loader(form: str, auto: str, folder: str, base: BaseReference) -> str:
     """The Python expression (modules `peft`, `transformers`) that loads the export in `folder`."""
     if form != "adapters":
         return f"transformers.{auto}.from_pretrained({folder!r})"
-    if auto == "AutoModelForCausalLM" and base.name not in (None, "base"):
+    if auto == "AutoModelForCausalLM" and base.name is not None and not base.bundled:
         return f"peft.AutoPeftModelForCausalLM.from_pretrained({folder!r})"
     one_score = ", num_labels=1" if auto == "AutoModelForSequenceClassification" else ""  # fedsilo's cross-encoder
-    where = f"{folder}/base" if base.name == "base" else base.name
+    where = f"{folder}/{BUNDLED_BASE}" if base.bundled else base.name
     built = "base_model" if where is None else f"transformers.{auto}.from_pretrained({where!r}{one_score})"
     return f"peft.PeftModel.from_pretrained({built}, {folder!r})"
 
@@ -88,7 +92,7 @@ def model_card(facts: dict, tokenizer: bool) -> str:
 def _base_row(facts: dict) -> str:
     if facts["form"] != "adapters":
         return "inside this model" + (f" (it started from `{facts['base_path']}`)" if facts["base_path"] else "")
-    if facts["base"] == "base":
+    if facts["base_bundled"]:
         return "`base/` in this folder" + (f" (a copy of `{facts['base_path']}`)" if facts["base_path"] else "")
     if facts["base"] is None:
         return "built in the run only (trained from scratch or from model.init_from's tensors)"
@@ -113,7 +117,7 @@ def _form_row(facts: dict) -> str:
 def _base_note(facts: dict) -> str:
     if facts["form"] != "adapters":
         return "The base model is inside this one: transformers loads it without peft."
-    if facts["base"] == "base":
+    if facts["base_bundled"]:
         return ("The adapter config names its base relatively (`base_model_name_or_path = \"base\"`), so the "
                 "folder can move: peft resolves that name from the current folder, so load as above (the base "
                 "passed explicitly), or run `peft.AutoPeftModelForCausalLM.from_pretrained('.')` (causal) inside it.")

@@ -1,8 +1,9 @@
-"""`fedsilo generate RUN --prompt TEXT`: what a causal run's best model answers, greedy-decoded.
+"""`fedsilo generate RUN --prompt TEXT [--input TEXT]`: what a causal run's best model answers, greedy-decoded.
 
 The model is the one `fedsilo export` writes (best.pt checked as export checks it; `--silo`: that
 silo's personal model) in the run's own config, so the answer is the one the run's evaluation would
-generate: the prompt is one user turn (after an optional system turn) rendered by the run's template,
+generate: the prompt is one user turn (the instruction, then a blank line and the input when one is
+given, as an Alpaca row's; after an optional system turn) rendered by the run's template,
 as the task renders a record's prompt, read within the task's prompt budget by the task's own rule
 (`fedsilo.tasks.instruct.budget`: a longer prompt loses its start, said, never silent), and decoded
 greedily up to the task's max_new_tokens or the first EOS. New tokens past what the model's positions
@@ -29,8 +30,9 @@ GENERATED = "nothing generated"
 
 
 def generate(run_dir: str | Path, prompt: str, silo: str | None = None, max_new_tokens: int | None = None,
-             system: str = "") -> str:
-    """The run's (or `silo`'s) greedy answer to `prompt`, decoded without special tokens."""
+             system: str = "", input: str = "") -> str:
+    """The run's (or `silo`'s) greedy answer to `prompt` (with `input`, as an Alpaca row's), decoded
+    without special tokens."""
     run, cfg = run_config(run_dir)
     kind = model_config(cfg).kind
     if kind != "causal":
@@ -50,7 +52,7 @@ def generate(run_dir: str | Path, prompt: str, silo: str | None = None, max_new_
     tokenizer = trained.tokenizer
     if tokenizer.eos_token_id is None:
         raise ConfigError(f"{run.path}: the run's tokenizer has no EOS token, where greedy decoding stops")
-    ids = prompt_ids(alpaca(prompt, system=system), tokenizer, use_chat(tokenizer, cfg.task.template))
+    ids = prompt_ids(alpaca(prompt, input, system=system), tokenizer, use_chat(tokenizer, cfg.task.template))
     fitted = fit_prompt(ids, cfg.task)
     limit = position_limit(trained.model)
     if limit is not None and len(fitted.ids) + new > limit:

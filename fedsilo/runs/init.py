@@ -18,9 +18,10 @@ import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedsilo.errors import UserError
+from fedsilo.errors import DataError, UserError
 from fedsilo.runs.init_text import Draft, Guess, render
-from fedsilo.sources.read import GZIP_MAGIC, not_readable
+from fedsilo.sources.load import groups, splittable
+from fedsilo.sources.read import GZIP_MAGIC, not_readable, read_rows
 from fedsilo.tasks import TASKS, SILO_NAME
 
 DATA_SUFFIXES = {"csv": "csv", "tsv": "tsv", "jsonl": "jsonl", "json": "json"}
@@ -31,6 +32,7 @@ DECIDE = "??"  # a column nobody has: `fedsilo data check` names it until the us
 READS = ("init reads .csv, .tsv, .jsonl and .json (one JSON array of rows) files and line-aligned files "
          "(train.de + train.en: format \"lines\"), each also gzip-compressed (.gz)")
 NO_ARRAY = "a .json file holds no JSON array of rows ([{...}, {...}])"
+FEW_GROUPS = 10  # a split's key with fewer values: init groups by a role that differs (Roles.regroup)
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,7 @@ def init_config(data_dir: Path, task: str, out: Path) -> Draft:
     taken = [g.name for g in guesses if g.name in settings.BENCHMARK]
     if taken:
         raise UserError(f"{', '.join(taken)}: the name of a benchmark silo; rename the folder or file")
-    return Draft(render(task, data_dir, guesses, unused), guesses, unused)
+    return Draft(render(task, data_dir, guesses, unused, out.stem), guesses, unused)
 
 
 def _top_entries(data_dir: Path) -> tuple[list[Path], list[tuple[str, str]]]:
@@ -231,13 +233,42 @@ def guess_silo(path: Path, roles, task: str, base: Path) -> Guess:
         used = {n.path for ns in lines.values() for n in ns if n.lines_name in _used_lines(g)}
         return _name_unused(g, names, used, path, set(lines))
     if tables:
-        chat = "chat" in TASKS.entry(task).settings.SOURCE.model_fields  # rows may be chat conversations
-        return _name_unused(g, names, _tables_guess(g, path, tables, roles, rel, chat), path)
+        source = TASKS.entry(task).settings.SOURCE
+        used = _tables_guess(g, path, tables, roles, rel, "chat" in source.model_fields)  # rows may be chats
+        _regroup(g, source, base)
+        return _name_unused(g, names, used, path)
     g.entry["path"] = rel(path)
     g.decide.append(f"no .csv, .tsv or .jsonl file, nor line-aligned files (train.de + train.en: format \"lines\"), "
                     f"found in {path} (each may be gzip-compressed, .gz): set path, format and fields")
     g.entry["format"] = DECIDE
     return _name_unused(g, names, set(), path)
+
+
+def _regroup(g: Guess, source, base: Path) -> None:
+    """A split of rows that share their key (one instruction, the text in each row's input) grouped
+    by a role whose values differ instead (`Roles.regroup`), with a DECIDE line saying why: grouped
+    by a key of fewer than FEW_GROUPS values, dev and test would be whole instructions, or nothing."""
+    roles, split = source.ROLES, g.entry.get("split")
+    if split is None or g.entry.get("chat") or DECIDE in g.entry.get("fields", {}).values() or not roles.regroup:
+        return
+    train = Path(base, g.entry["path"], g.entry.get("files", {}).get("train", ""))
+    try:
+        settings = source.model_validate({k: v for k, v in g.entry.items() if k != "files"} | {"path": str(train)})
+        rows, _ = read_rows(settings, train)
+    except (DataError, ValueError):  # unreadable here: `fedsilo data check` names why
+        return
+    cut = [s for s in ("dev", "test") if s in split]
+    few = len(groups(rows, roles.key))
+    for role in roles.regroup:
+        n = len(groups(rows, role))
+        if few < FEW_GROUPS <= n and splittable(n, settings.split, cut):
+            g.entry["split"] = split | {"by": role}
+            g.comments["split"] = g.comments["split"].replace(roles.key, role)
+            g.decide.append(f"{few} distinct {roles.key} value(s) and {n} distinct {role} values in {train.name}: "
+                            f"split by {role} (split.by), so that dev and test hold {role}s unseen in training; "
+                            f"by {roles.key} (the default), dev and test would each be whole {roles.key}s"
+                            + ("" if splittable(few, settings.split, cut) else f", and {few} is too few to cut"))
+            return
 
 
 def _unnamable(path: Path) -> str | None:

@@ -94,8 +94,16 @@ _MODEL = {  # a task whose default model a user most often replaces with their o
                     "d_model = 64", "d_ff = 256", "num_heads = 4", "num_layers = 3", "num_decoder_layers = 3",
                     '# init_from = "runs/generic"  # the generic engine\'s run (relative to where fedsilo runs): every '
                     "silo starts from it, with its tokenizer", ""],
-    "instruct": ["[model]  # the built-in tiny-llama, trained from scratch here; or a local AutoModelForCausalLM "
-                 "folder with its tokenizer:", 'kind = "causal"', '# name = "/models/SmolLM2-135M-Instruct"', "",
+    "instruct": ["[model]  # DECIDE: the built-in tiny-llama trained from scratch on your silos, or (docs/instruct.md, "
+                 "\"Models\") started from a generic base trained first on public news: `fedsilo run "
+                 "~/fedsilo/experiments/instruct/generic.toml --out runs/generic`, then uncomment init_from; or a "
+                 "local AutoModelForCausalLM folder with its tokenizer (name; remove the sizes)",
+                 'kind = "causal"',
+                 "d_model = 128  # the sizes are experiments/instruct/generic.toml's: its weights fit them",
+                 "d_ff = 384", "num_layers = 2", "num_heads = 4",
+                 '# init_from = "runs/generic"  # the generic base\'s run (relative to where fedsilo runs): every '
+                 "silo starts from it, with its tokenizer",
+                 '# name = "/models/SmolLM2-135M-Instruct"', "",
                  "# [model.surgery]  # LoRA: only the adapters train and travel", '# name = "lora"',
                  "# options = {rank = 8, alpha = 16}", ""],
 }
@@ -106,7 +114,8 @@ def _comment(text: str) -> str:
     return "".join(c if c.isprintable() or c == "\t" else "?" for c in text)
 
 
-def render(task: str, data_dir: Path, guesses: list[Guess], unused: list[tuple[str, str]] = ()) -> str:
+def render(task: str, data_dir: Path, guesses: list[Guess], unused: list[tuple[str, str]], name: str) -> str:
+    """The config's text; `name`: the experiment's (the config file's stem), which titles every run's table."""
     when = datetime.date.today().isoformat()
     out = [_comment(f"# Written by `fedsilo init {data_dir} --task {task}` on {when}: one silo per entry of "
                     f"{data_dir}."),
@@ -114,7 +123,7 @@ def render(task: str, data_dir: Path, guesses: list[Guess], unused: list[tuple[s
            "# Next: `fedsilo data check THIS.toml` (every row checked), then `fedsilo run THIS.toml`.",
            "# docs/your-data.md explains every key.",
            *[_comment(f"# not used: {name} ({why})") for name, why in unused],
-           f"name = {_toml(data_dir.resolve().name or 'mine')}", "",
+           f"name = {_toml(name)}  # the experiment's name, this file's: it titles every run's table", "",
            "[task]", f"name = {_toml(task)}",
            f"silos = {_toml([g.name for g in guesses])}  # add benchmark silos by name to mix them in",
            *_TASK_LINES.get(task, []), ""]

@@ -20,10 +20,10 @@ from fedsilo.engines.local import LocalEngine
 from fedsilo.errors import ConfigError, RunFailed
 from fedsilo.features.robust import uncapped_weights
 from fedsilo.progress import Display, Heard, Progress
-from fedsilo.recipe import (LEDGER_FOLDER, TOKENIZER_DIR, build_model, build_recipe, build_server, build_task,
+from fedsilo.recipe import (TOKENIZER_DIR, build_model, build_recipe, build_server, build_task,
                             give_ledgers, store_root, task_tokenizer)
 from fedsilo.rundir.datacheck import check_at_start
-from fedsilo.rundir.layout import RunDir, RunDirError, config_hash, tokenizer_identity
+from fedsilo.rundir.layout import LEDGER_FOLDER, RunDir, RunDirError, config_hash, tokenizer_identity
 from fedsilo.rundir.lock import RunLock
 from fedsilo.rundir.records import item_records, privacy_spent, read_items, spent_silos, write_items
 from fedsilo.rundir.refusal import left_as_found

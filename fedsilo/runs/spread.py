@@ -115,8 +115,8 @@ def claim_lines(per_seed: Mapping[str, Mapping[str, Any]], baseline: str, metric
                 units: Sequence[Unit] | None = None, score: Metric | None = None, alpha: float = ALPHA,
                 higher_is_better: bool = True) -> list[str]:
     """`variant > baseline` on the overall `metric` (`variant < baseline` where lower is better: a
-    loss), one line per other variant, each with the spread (display) and the verdict with its test
-    and p: "holds" always means the variant is better.
+    loss), one line per other variant, each with the spread (display, where both sides have two seeds)
+    and the verdict with its test and p: "holds" always means the variant is better.
 
     `over` names the silos the Overall is taken over where it leaves some out (each line then says
     so); [] where no silo is common to every line: nothing is then judged, and each line says why.
@@ -140,8 +140,8 @@ def claim_lines(per_seed: Mapping[str, Mapping[str, Any]], baseline: str, metric
         gap = f"{ma - mb:+{fmt.lstrip('+')}}" if ma is not None and mb is not None else "-"
         verdict = _verdict(name, baseline, values, base, fmt, alpha, runs, units, score) if higher_is_better \
             else _verdict(baseline, name, base, values, fmt, alpha, runs, units, score)  # a < b is b > a
-        lines.append(f"{head}: {spread_cell(values, fmt)} vs {spread_cell(base, fmt)}, gap {gap}, "
-                     f"{spread_phrase(values, base)}: {verdict}")
+        spread = f", {spread_phrase(values, base)}" if min(len(values), len(base)) > 1 else ""  # one seed: none
+        lines.append(f"{head}: {spread_cell(values, fmt)} vs {spread_cell(base, fmt)}, gap {gap}{spread}: {verdict}")
     return lines
 
 
@@ -156,4 +156,7 @@ def _verdict(name: str, baseline: str, values: Sequence[float], base: Sequence[f
                 return str(significance.judge_items(found[0], found[1], units, score, fmt, alpha))
         except ItemsError as err:
             why = f"per-item records not used: {err}"
-    return str(significance.judge_seeds(values, base, fmt, alpha, why))
+    verdict = significance.judge_seeds(values, base, fmt, alpha, why)
+    if verdict.outcome == significance.NEEDS_SEEDS:  # say why, and how to get a verdict
+        return f"{verdict} ({why}; a test over the seeds needs 2 or more a side: run more, e.g. --seeds 0,1)"
+    return str(verdict)

@@ -9,12 +9,15 @@ parameters sent and wall time. Its Overall column compares like with like (overa
 
 Several seeds (`--seeds 0,1,2` or `[study] seeds`; the command line wins) run every variant once per
 seed, into OUT/NAME/seed-S, all variants of one seed before the next seed (so an interrupted study
-already holds a whole comparison). One seed keeps today's layout, OUT/NAME.
+already holds a whole comparison). One seed keeps today's layout, OUT/NAME. A run already in the other
+layout's place with exactly that seed's config counts as that seed's run where it is (_placed): going
+from one seed to several runs only the seeds still missing.
 
 A cell then reads `mean ± sd` over the seeds (spread.py); reference rows (untrained rankers) do not
-depend on the seed and show one value. Under the table, each variant is checked against the baseline
-on the first metric overall (spread.claim_lines): by the field's significance test over the test
-items where every run kept per-item records, else over the seeds, at `[study] alpha` (0.05), never
+depend on the seed and show one value. Under the table, with one seed or several, each variant is
+checked against the baseline on the first metric overall (spread.claim_lines): by the field's
+significance test over the test items where every run kept per-item records, else over the seeds
+(under two a side, the line says so and how to get a verdict), at `[study] alpha` (0.05), never
 below the metric's resolution (significance.py); each line names its test and p. study.json keeps
 every seed's numbers in `per_seed` so bench scripts can check their own claims with the same rule.
 """
@@ -28,10 +31,11 @@ from typing import Any
 
 from rich.console import Console
 
-from fedsilo.errors import RunFailed, StudyFailed
+from fedsilo.errors import RunDirError, RunFailed, StudyFailed
 from fedsilo.fileio import atomic_write_bytes
 from fedsilo.paradigms import PARADIGMS
 from fedsilo.progress import Display, Heard
+from fedsilo.rundir.layout import RunDir
 from fedsilo.rundir.records import column, exchange_totals, read_rounds
 
 from . import runner
@@ -71,6 +75,30 @@ def run_dir(out: Path, variant: str, seed: int | None, multi_seed: bool) -> Path
     return out / variant / f"seed-{seed}" if multi_seed else out / variant
 
 
+def _holds(path: Path, cfg) -> bool:
+    """Whether `path` holds a run of exactly `cfg` (its recorded config.toml is the one a resume accepts)."""
+    if not (path / "config.toml").is_file():
+        return False
+    try:
+        RunDir(path).prepare(cfg, resume=True)  # a resume's check: reads and compares, writes nothing
+    except RunDirError:
+        return False
+    return True
+
+
+def _placed(out: Path, study: str, variant: str, cfg, multi_seed: bool) -> tuple[Path, Any, bool]:
+    """(run directory, config, reused) of one variant's run at `cfg.seed`. The layout's place (run_dir)
+    unless only the other layout's place holds this very run: a study that went from one seed to
+    several (or back) then counts that run as its seed, where it is and under the name it was recorded
+    with, rather than training it again. Nothing is moved, and a run of another config is never taken."""
+    own = run_dir(out, variant, cfg.seed, multi_seed)
+    other = run_dir(out, variant, cfg.seed, not multi_seed)
+    renamed = cfg.model_copy(update={"name": f"{study}/{variant}" + ("" if multi_seed else f"/seed-{cfg.seed}")})
+    if not _holds(own, cfg) and _holds(other, renamed):
+        return other, renamed, True
+    return own, cfg, False
+
+
 def run_study(path: str | Path, out: str | Path, assignments: Sequence[str] = (), only: Sequence[str] | None = None,
               show_progress: Display = True, console=None, seeds: Sequence[int] | None = None) -> dict:
     """Run every variant for every seed (resumable), then print and write the comparison. `seeds`
@@ -86,10 +114,12 @@ def run_study(path: str | Path, out: str | Path, assignments: Sequence[str] = ()
     costs: dict[str, list[dict]] = {name: [] for name in names}
     failed: dict[str, dict[str, str]] = {}  # variant → seed → why its run failed
     heard = Heard()  # a warning every run gives (a silo's duplicates) is shown once
+    where: dict[str, dict[str, str]] = {name: {} for name in names}  # variant → seed → its run directory
     for seed, configs in plan.items():
         for name, cfg in configs.items():
-            target = run_dir(out, name, seed, multi)
-            console.print(f"[bold]{settings.name}: {name}{f' seed {seed}' if multi else ''}[/bold] → {target}")
+            target, cfg, reused = _placed(out, settings.name, name, cfg, multi)
+            note = f" (its {'one-seed' if multi else f'seed-{cfg.seed}'} run, reused)" if reused else ""
+            console.print(f"[bold]{settings.name}: {name}{f' seed {seed}' if multi else ''}[/bold] → {target}{note}")
             try:
                 done = runner.run_experiment(cfg, target, resume=True, show_progress=show_progress, heard=heard)
             except RunFailed as err:  # the other runs go on; this variant is shown as failed
@@ -100,6 +130,7 @@ def run_study(path: str | Path, out: str | Path, assignments: Sequence[str] = ()
             write_report(target)
             console.print(_finished_line(settings.name, name, done, seed if multi else None), highlight=False)
             results[name][cfg.seed] = done
+            where[name][str(cfg.seed)] = str(target)
             costs[name].append(_cost(target, done))
     for line in repeated_warnings(heard):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
@@ -126,14 +157,13 @@ def run_study(path: str | Path, out: str | Path, assignments: Sequence[str] = ()
     baseline = settings.baseline or names[0]
     col = column(spec, metrics[0]) or {}
     first_over = compared["shown_over"][metrics[0]]
-    run_dirs = {name: {str(seed): str(run_dir(out, name, seed, multi)) for seed in by_seed}
-                for name, by_seed in results.items()}
+    run_dirs = {name: where[name] for name in results}
     units = common_units({name: [r] if isinstance(r, Mapping) else r for name, r in rows.items()}, metrics[0])
     checks = claim_lines(per_seed, baseline, metrics[0], col.get("label", metrics[0]), col.get("fmt", ".4f"),
                          first_over if compared["left_out"][metrics[0]] or first_over == [] else None,
                          run_dirs, units, _score(next(iter(plan.values()))[names[0]], metrics[0]), settings.alpha,
                          higher_is_better=metrics[0] != spec.get("primary") or spec.get("higher_is_better", True)
-                         ) if multi and baseline in results else []
+                         ) if baseline in results else []
     used = seeds or sorted({s for by_seed in results.values() for s in by_seed})
     study = {"name": settings.name, "title": settings.title, "metrics": metrics, "seeds": used,
              "table": table, "overall_clients": compared["over"], "notes": compared["notes"],
@@ -141,8 +171,9 @@ def run_study(path: str | Path, out: str | Path, assignments: Sequence[str] = ()
              "variants": {name: str(out / name) for name in results},
              "runs": run_dirs, "per_seed": per_seed}
     if multi:
-        study.update({"spread": SPREAD, "rule": rule(settings.alpha), "alpha": settings.alpha, "baseline": baseline,
-                      "checks": checks})
+        study["spread"] = SPREAD
+    if multi or checks:  # one seed too: judged over the runs' per-item records, or a line says why not
+        study.update({"rule": rule(settings.alpha), "alpha": settings.alpha, "baseline": baseline, "checks": checks})
     if failed:
         study["failed"] = failed
     _write(out, settings, study)
@@ -226,9 +257,11 @@ def _write(out: Path, settings: StudySettings, study: dict) -> None:
     n = len(study["seeds"]) if "spread" in study else 1
     checks = ([f"## Against {study['baseline']}\n", f"{study['rule']}.", "", *(f"- {line}" for line in study["checks"]), ""]
               if study.get("checks") else [])
-    runs = [f"- [{name}]({name}/report.md)" if n == 1 else
-            f"- {name}: " + ", ".join(f"[seed {s}]({name}/seed-{s}/report.md)" for s in by_seed)
-            for name, by_seed in study["runs"].items()]
+    link = {name: {s: Path(path).relative_to(out).as_posix() for s, path in by_seed.items()}
+            for name, by_seed in study["runs"].items()}  # a reused run is linked where it is
+    runs = [f"- [{name}]({next(iter(link[name].values()))}/report.md)" if n == 1 else
+            f"- {name}: " + ", ".join(f"[seed {s}]({path}/report.md)" for s, path in link[name].items())
+            for name in study["runs"]]
     runs += [f"- {name}{f' seed {s}' if n > 1 else ''}: failed: {why}"
              for name, seeds in study.get("failed", {}).items() for s, why in seeds.items()]
     lines = [f"# {settings.title or settings.name}\n", _caption(study), "", markdown_table(study["table"]), "",

@@ -165,4 +165,18 @@ def load_study(path: str | Path, assignments: Sequence[str] = (), only: Sequence
         if seed is not None:  # a variant's own sample seeds are held fixed: it asked for that sample
             cfg = seeded(cfg, seed, settings.vary_sample and SAMPLE_SEEDS not in (change.get("task") or {}))
         configs[name] = cfg
+    _check_metrics(settings.metrics or [], configs.values(), path)
     return settings, configs
+
+
+def _check_metrics(metrics: Sequence[str], configs, path: Path) -> None:
+    """A `[study] metrics` key the task does not compute would show as an empty column: refused, with the
+    task's keys (its MetricSpec's columns, which results.json records)."""
+    from fedsilo.tasks import TASKS
+
+    for cfg in configs:
+        keys = [c.key for c in TASKS.get(cfg.task.name).spec().columns]
+        unknown = next((m for m in metrics if m not in keys), None)
+        if unknown is not None:
+            raise ConfigError(f"{path}: [study] metrics: {unknown!r} is not a metric of the {cfg.task.name} task "
+                              f"(its metrics: {', '.join(keys)})")

@@ -82,6 +82,13 @@ class SiloCheck:
     files: dict[str, dict] = field(default_factory=dict)
     lengths: list[Lengths] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    error: str | None = None                    # why the silo's rows could not be read or split at all
+
+    @classmethod
+    def failed(cls, name: str, kind: str, error: str) -> "SiloCheck":
+        """A silo whose data error (a split without enough groups, an unreadable file) stops it: one
+        blocking row of the report, so the other silos are still checked."""
+        return cls(name, kind, "", {}, error=error.removeprefix(f"silo {name}: "))
 
     @property
     def empty_splits(self) -> list[str]:
@@ -89,9 +96,11 @@ class SiloCheck:
 
     @property
     def blocking(self) -> bool:
-        return bool((self.problems and not self.skip_bad) or self.empty_splits)
+        return bool((self.problems and not self.skip_bad) or self.empty_splits or self.error)
 
     def lines(self) -> list[str]:
+        if self.error:
+            return [f"silo {self.name} ({self.kind}): cannot be run: {self.error}"]
         out = [f"silo {self.name} ({self.kind}): " + ", ".join(f"{self.counts.get(s, 0)} {s}" for s in SPLITS)
                + f" {self.unit}"]
         if self.problems:
@@ -125,6 +134,7 @@ class SiloCheck:
                 "duplicates": {s: len(d) for s, d in self.duplicates.items()},
                 "overlap": {p: len(k) for p, k in self.overlap.items()},
                 "overlap_up_to_case": {p: len(k) for p, k in self.folded.items()}, "blocking": self.blocking,
+                "error": self.error,
                 "lengths": [{"what": x.what, "setting": x.setting, "limit": x.limit, "n": len(x.values),
                              "fit": x.fit, "max": max(x.values, default=0)} for x in self.lengths],
                 "files": self.files}

@@ -94,11 +94,12 @@ def split_by_fraction(name: str, rows: list[Row], source: SourceSettings, cut: l
     """train plus the `cut` splits: each of those gets its share of the groups (rounded half up, at
     least one), drawn with `split.seed`; file order is kept within a split."""
     by = source.split_by()
-    keys = list(dict.fromkeys(group_key(_text(r.values.get(by, ""))) for r in rows))
-    sizes = {s: max(1, int(len(keys) * getattr(source.split, s) + 0.5)) for s in cut}
+    keys = groups(rows, by)
+    sizes = _sizes(len(keys), source.split, cut)
     if sum(sizes.values()) >= len(keys):
         raise DataError(f"silo {name}: {len(keys)} distinct {by} value(s) in {source.path} cannot be split into "
-                        f"train and {' and '.join(cut)}; give more rows, or files per split")
+                        f"train and {' and '.join(cut)}: the split groups rows by {by} (split.by: no {by} in two "
+                        f"splits){_regroup_fix(name, rows, source, cut)}")
     drawn = random.Random(source.split.seed).sample(keys, len(keys))
     split_of, i = {}, 0
     for s in ("test", "dev"):
@@ -109,6 +110,33 @@ def split_by_fraction(name: str, rows: list[Row], source: SourceSettings, cut: l
     for r in rows:
         out[split_of.get(group_key(_text(r.values.get(by, ""))), "train")].append(r)
     return out
+
+
+def groups(rows: list[Row], by: str) -> list[str]:
+    """The distinct `by` texts of `rows` (case and spacing folded), in file order: a split's groups."""
+    return list(dict.fromkeys(group_key(_text(r.values.get(by, ""))) for r in rows))
+
+
+def _sizes(n_groups: int, split, cut: list[str]) -> dict[str, int]:
+    """Groups drawn for each `cut` split: its share, rounded half up, at least one."""
+    return {s: max(1, int(n_groups * getattr(split, s) + 0.5)) for s in cut}
+
+
+def splittable(n_groups: int, split, cut: list[str]) -> bool:
+    """Whether `n_groups` groups give each `cut` split its share and leave train some."""
+    return sum(_sizes(n_groups, split, cut).values()) < n_groups
+
+
+def _regroup_fix(name: str, rows: list[Row], source: SourceSettings, cut: list[str]) -> str:
+    """The fix of a split with too few groups: another role to group by where its values would split
+    (an instruction silo's input, `Roles.regroup`), else more distinct rows or files per split."""
+    by = source.split_by()
+    for role in source.ROLES.regroup:
+        n = len(groups(rows, role))
+        if role != by and splittable(n, source.split, cut):
+            return (f", and the rows' {role} differs ({n} distinct values): set split.by = \"{role}\" in "
+                    f"[task.sources.{name}], or give files per split")
+    return f": give rows with more distinct {by} values, or files per split"
 
 
 def _text(value) -> str:

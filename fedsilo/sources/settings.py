@@ -39,13 +39,16 @@ class Roles:
     and `lists` the roles a JSONL row may hold as a list (a ranking row's candidates and labels);
     `aliases`: column names `fedsilo init` takes for a role (besides the role's own name); `objects`:
     list roles whose items are JSON objects (chat messages), each read as its JSON text, so a row
-    stays text that splits, duplicates and fingerprints compare, and the family parses it."""
+    stays text that splits, duplicates and fingerprints compare, and the family parses it;
+    `regroup`: roles a split may group by instead of `key` where rows share their key (instruction
+    rows that all ask one thing of a different input): init picks one, a split's error names it."""
     required: tuple[str, ...]
     optional: tuple[str, ...] = ()
     key: str = ""
     lists: tuple[str, ...] = ()
     aliases: tuple[tuple[str, tuple[str, ...]], ...] = ()
     objects: tuple[str, ...] = ()
+    regroup: tuple[str, ...] = ()
 
     def names_for(self, role: str) -> tuple[str, ...]:
         return (role, *dict(self.aliases).get(role, ()))

@@ -47,4 +47,4 @@ SPEC = MetricSpec(
                 "ppl = exp(loss); GSM8K EM % = greedy generation's final number after '####' equals the "
                 "gold one; MC acc % = the option (yes/no/maybe) with the largest log-likelihood is the gold "
                 "one (lm-evaluation-harness acc); cut = records longer than task.max_length; prompt cut = records "
-                "whose prompt generation or option scoring read without its start")
+                "whose prompt generation or option scoring read without its start.")

@@ -36,7 +36,7 @@ ALPACA_ROLES = Roles(("instruction", "response"), optional=("input", "system"), 
     ("instruction", ("prompt", "question", "query", "instructions", "user", "human")),
     ("response", ("output", "answer", "completion", "target", "reply", "assistant", "gpt")),
     ("input", ("context", "inputs")),
-    ("system", ("system_prompt", "system_message"))))
+    ("system", ("system_prompt", "system_message"))), regroup=("input",))
 
 CHAT_ROLES = Roles(("messages",), key="messages", lists=("messages",), objects=("messages",))
 """A chat row: one list of {"role", "content"} objects, split and compared as a whole conversation."""
