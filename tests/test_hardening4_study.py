@@ -130,3 +130,22 @@ def test_usage_and_help_say_a_study_writes_to_runs_stem_not_its_name():
     assert "`runs/STEM`" in section and "not `[study] name`" in section
     help_text = parser()._subparsers._group_actions[0].choices["study"].format_help()
     assert "not [study] name" in " ".join(help_text.split())
+
+
+def test_a_claim_about_a_lower_is_better_metric_points_down_whichever_metric_comes_first():
+    """Found while fixing the study's metric names: a study whose first metric was a loss other than the
+    task's primary one (instruct's ppl; translation's or text2sql's loss) was judged as if higher were
+    better, so a variant with a worse perplexity "beat" its baseline. Each column now says its direction;
+    results.json written before (no direction on its columns) keep the old reading of the primary."""
+    import fedsilo.builtins  # noqa: F401  (the tasks' registry)
+    from fedsilo.rundir.records import higher_is_better
+    from fedsilo.tasks import TASKS
+
+    spec = {name: TASKS.get(name).spec().describe() for name in ("instruct", "translation", "text2sql", "matching")}
+    assert not higher_is_better(spec["instruct"], "ppl") and not higher_is_better(spec["instruct"], "loss")
+    assert higher_is_better(spec["instruct"], "em") and higher_is_better(spec["instruct"], "acc")
+    assert not higher_is_better(spec["translation"], "loss") and higher_is_better(spec["translation"], "chrf")
+    assert not higher_is_better(spec["text2sql"], "loss") and higher_is_better(spec["text2sql"], "exec")
+    assert not higher_is_better(spec["matching"], "loss") and higher_is_better(spec["matching"], "mrr")
+    old = {"primary": "loss", "higher_is_better": False, "columns": [{"key": "loss", "label": "loss"}]}
+    assert not higher_is_better(old, "loss") and higher_is_better(old, "em")

@@ -307,6 +307,15 @@ def column(spec: Mapping[str, Any] | None, key: str | None) -> dict | None:
     return next((c for c in metric_columns(spec) if c["key"] == key), None)
 
 
+def higher_is_better(spec: Mapping[str, Any] | None, key: str) -> bool:
+    """Which way a claim about metric `key` points: its column's own direction (results.json since
+    issue 50), else the spec's for its primary metric and higher for any other (older runs)."""
+    col = column(spec, key) or {}
+    if "higher_is_better" in col:
+        return bool(col["higher_is_better"])
+    return key != (spec or {}).get("primary") or bool((spec or {}).get("higher_is_better", True))
+
+
 def primary_key(spec: Mapping[str, Any] | None) -> str | None:
     """Key of the metric that selects the model; None without a spec."""
     return (spec or {}).get("primary")

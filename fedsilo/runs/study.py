@@ -36,7 +36,7 @@ from fedsilo.fileio import atomic_write_bytes
 from fedsilo.paradigms import PARADIGMS
 from fedsilo.progress import Display, Heard
 from fedsilo.rundir.layout import RunDir
-from fedsilo.rundir.records import column, exchange_totals, read_rounds
+from fedsilo.rundir.records import column, exchange_totals, higher_is_better, read_rounds
 
 from . import runner
 from .overall import common_units, comparison
@@ -162,7 +162,7 @@ def run_study(path: str | Path, out: str | Path, assignments: Sequence[str] = ()
     checks = claim_lines(per_seed, baseline, metrics[0], col.get("label", metrics[0]), col.get("fmt", ".4f"),
                          first_over if compared["left_out"][metrics[0]] or first_over == [] else None,
                          run_dirs, units, _score(next(iter(plan.values()))[names[0]], metrics[0]), settings.alpha,
-                         higher_is_better=metrics[0] != spec.get("primary") or spec.get("higher_is_better", True)
+                         higher_is_better=higher_is_better(spec, metrics[0])
                          ) if baseline in results else []
     used = seeds or sorted({s for by_seed in results.values() for s in by_seed})
     study = {"name": settings.name, "title": settings.title, "metrics": metrics, "seeds": used,

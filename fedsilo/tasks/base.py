@@ -59,6 +59,7 @@ class Column:
     label: str               # e.g. "EM %"
     fmt: str = ".2f"
     in_macro: bool = True    # averaged over rows in the macro column
+    higher_is_better: bool = True  # which way a study's claim about this metric points (a loss: lower)
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,9 @@ class MetricSpec:
 
     def describe(self) -> dict:
         """The spec as results.json records it (for the report, which has no task code)."""
-        return {"columns": [asdict(c) for c in self.columns], "primary": self.primary,
+        columns = [{**asdict(c), "higher_is_better": self.higher_is_better} if c.key == self.primary else asdict(c)
+                   for c in self.columns]  # the primary metric points the spec's way, whatever its column says
+        return {"columns": columns, "primary": self.primary,
                 "higher_is_better": self.higher_is_better, "tie_break": self.tie_break,
                 "selection": self.selection, "description": self.description, "signature": self.signature}
 

@@ -39,7 +39,8 @@ def compute(stats: Mapping[str, float]) -> dict[str, float | None]:
 
 
 SPEC = MetricSpec(
-    columns=(Column("loss", "loss", ".4f"), Column("ppl", "ppl", ".2f"), Column("em", "GSM8K EM %", ".2f"),
+    columns=(Column("loss", "loss", ".4f", higher_is_better=False), Column("ppl", "ppl", ".2f", higher_is_better=False),
+             Column("em", "GSM8K EM %", ".2f"),
              Column("acc", "MC acc %", ".2f"), Column("cut", "cut", ".0f", in_macro=False),
              Column("prompt_cut", "prompt cut", ".0f", in_macro=False)),
     compute=compute, primary="loss", higher_is_better=False, tie_break=None, selection="macro",

@@ -69,7 +69,8 @@ def compute(stats: Mapping[str, float]) -> dict[str, float | None]:
 
 SPEC = MetricSpec(
     columns=(Column("map", "MAP", ".4f"), Column("mrr", "MRR", ".4f"), Column("p1", "P@1", ".4f"),
-             Column("loss", "hinge loss", ".4f"), Column("questions", "questions", ".0f", in_macro=False),
+             Column("loss", "hinge loss", ".4f", higher_is_better=False),
+             Column("questions", "questions", ".0f", in_macro=False),
              Column("dropped", "dropped (no pos./neg.)", ".0f", in_macro=False),
              Column(NONFINITE, "non-finite scores (questions)", ".0f", in_macro=False)),
     compute=compute, primary="map", tie_break="mrr", tie_break_higher_is_better=True, selection="macro",

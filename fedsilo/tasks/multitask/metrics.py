@@ -176,7 +176,7 @@ def compute_metrics(stats: Mapping[str, Any]) -> Metrics:
 
 
 SPEC = MetricSpec(
-    columns=(Column("score", "score %"), Column("loss", "test loss", fmt=".3f")),
+    columns=(Column("score", "score %"), Column("loss", "test loss", fmt=".3f", higher_is_better=False)),
     compute=compute_metrics,
     primary="score",
     higher_is_better=True,

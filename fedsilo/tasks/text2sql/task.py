@@ -59,7 +59,7 @@ SPEC = MetricSpec(
     columns=(
         Column("em", "EM %"),
         Column("exec", "Exec %", in_macro=False),  # only silos with a database (GeoQuery, own ones given one)
-        Column("loss", "test loss", fmt=".3f"),
+        Column("loss", "test loss", fmt=".3f", higher_is_better=False),
         Column("fit", "targets that fit %"),
     ),
     compute=compute_metrics,

@@ -120,7 +120,7 @@ SPEC = MetricSpec(
     columns=(
         Column("bleu", "BLEU"),
         Column("chrf", "chrF"),
-        Column("loss", "test loss", fmt=".3f"),
+        Column("loss", "test loss", fmt=".3f", higher_is_better=False),
     ),
     compute=compute_metrics,
     primary="bleu",
