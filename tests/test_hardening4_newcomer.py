@@ -269,9 +269,10 @@ def test_a_warning_under_progress_bars_is_a_fedsilo_warning_line(run):
 
 def test_a_warning_under_progress_bars_keeps_its_brackets():
     out = io.StringIO()
+    said = 'silo bank: set bad_rows = "skip" in [task.sources.bank] to leave them out'
     with Progress(True, Console(file=out, width=60)) as progress:
-        progress.warn("silo bank: set bad_rows = \"skip\" in [task.sources.bank] to leave them out")
-    assert 'fedsilo: warning: silo bank: set bad_rows = "skip" in [task.sources.bank] to leave them out' in out.getvalue()
+        progress.warn(said)
+    assert f"fedsilo: warning: {said}" in out.getvalue()
 
 
 def test_the_instruct_tables_legend_ends_its_metrics_sentence(run):

@@ -16,7 +16,6 @@ from fedsilo.config import RunConfig
 from fedsilo.errors import DataError
 from fedsilo.fileio import writable_file
 from fedsilo.models.settings import reads_task_tokenizer
-from fedsilo.rundir.datacheck import task_inspections
 from fedsilo.settings import toml_value
 from fedsilo.sources.check import Item, SiloCheck, inspect_items
 from fedsilo.tasks import TASKS, TaskSettings
@@ -58,7 +57,8 @@ def inspect_silos(cfg: RunConfig, silos: list[str] | None = None, build: bool = 
     plugin = TASKS.get(cfg.task.name)
     silos = silos if silos is not None else cfg.task.client_names()
     if plugin.inspect is not None:
-        return [_inspected(cfg, silo) for silo in silos]
+        data_dir = plugin.data_dir(cfg.task)  # the config's benchmark data, fetched once: its error is the config's
+        return [_inspected(cfg, plugin.inspect, silo, data_dir) for silo in silos]
     if not build:
         return []
     from fedsilo.recipe import build_task
@@ -69,11 +69,12 @@ def inspect_silos(cfg: RunConfig, silos: list[str] | None = None, build: bool = 
                           "example") for silo in silos]
 
 
-def _inspected(cfg: RunConfig, silo: str) -> SiloCheck:
-    """One silo's check; a data error of its own (too few groups to split, an unreadable file) is its
-    blocking row, as the exit code says, not an error that hides the other silos."""
+def _inspected(cfg: RunConfig, inspect, silo: str, data_dir) -> SiloCheck:
+    """One silo's check (as a run's start checks it, fedsilo.rundir.datacheck); a data error of its own
+    (too few groups to split, an unreadable file) is its blocking row, as the exit code says, not an
+    error that hides the other silos."""
     try:
-        return task_inspections(cfg, [silo])[0]
+        return inspect(cfg.task, silo, data_dir)
     except DataError as err:
         source = cfg.task.own_source(silo)
         return SiloCheck.failed(silo, source.format_name if source is not None else "benchmark", str(err))
