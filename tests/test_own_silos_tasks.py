@@ -16,6 +16,7 @@ import pytest
 
 from fedsilo.config import ConfigError, load_config, validate
 from fedsilo.errors import DataError
+from fedsilo.rundir.datacheck import check_at_start
 from fedsilo.runs.datareport import inspect_silos
 from fedsilo.sources.load import all_problems, load_rows
 from fedsilo.tasks import TASKS
@@ -473,8 +474,8 @@ def test_text2sql_a_schema_file_that_is_not_sql_is_a_data_error_naming_it(tmp_pa
     settings = text2sql(sources)
     with pytest.raises(DataError, match=rf"^{re.escape(str(bad))}: not SQL that SQLite can run"):
         silo_examples(settings, "geo", None)
-    with pytest.raises(DataError, match=rf"^{re.escape(str(bad))}: not SQL that SQLite can run"):
-        inspect_silos(validate({"task": {"name": "text2sql", "sources": sources}}))  # `fedsilo data check`
+    check, = inspect_silos(validate({"task": {"name": "text2sql", "sources": sources}}))  # `fedsilo data check`
+    assert check.blocking and re.match(rf"{re.escape(str(bad))}: not SQL that SQLite can run", check.error), check.error
     bad.write_text("-- nothing but a comment\n")
     with pytest.raises(DataError, match=rf"{re.escape(str(bad))}: no tables in the schema"):
         silo_examples(settings, "geo", None)
@@ -493,8 +494,11 @@ def test_text2sql_a_database_that_does_not_open_is_refused_before_training_even_
                        "schema_file": str(tmp_path / "schema.sql"), "database": str(missing)}}
     with pytest.raises(DataError, match=re.escape(str(missing))):
         silo_examples(text2sql(sources), "geo", None)
+    check, = inspect_silos(validate({"task": {"name": "text2sql", "sources": sources}}))  # `fedsilo data check`
+    assert check.blocking and str(missing) in check.error, check.error
     with pytest.raises(DataError, match=re.escape(str(missing))):  # the check at a run's start
-        inspect_silos(validate({"task": {"name": "text2sql", "sources": sources}}))
+        check_at_start(validate({"task": {"name": "text2sql", "sources": sources}}), tmp_path / "run", False,
+                       lambda line: None)
 
 
 def test_text2sql_a_source_without_schema_file_or_database_is_a_config_error(tmp_path):
