@@ -17,9 +17,7 @@ own formats, written here. One tiny run is made twice (the second a token-cache 
 import contextlib
 import io
 import json
-import os
 import re
-import threading
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -34,6 +32,7 @@ from fedsilo.runs.export import load_trained
 from fedsilo.tasks.instruct.records import alpaca
 from fedsilo.tasks.instruct.scoring import greedy_generate
 from fedsilo.tasks.instruct.template import prompt_ids, use_chat
+from tests.fifos import fed_fifo
 
 MAX_LENGTH = 64
 NEW_TOKENS = 48      # before issue 50 generation read max_length − max_new_tokens = 16 prompt tokens
@@ -242,23 +241,10 @@ def test_a_stopped_generate_says_generation_stopped_and_nothing_was_written(runs
 
 @pytest.fixture
 def fifo_with_a_writer(tmp_path):
-    """A FIFO and a thread that feeds every reader a prompt (so code that opens it generates, and the
-    test fails rather than hangs); stopped after the test."""
-    fifo = tmp_path / "prompt.txt"
-    os.mkfifo(fifo)
-    stop = threading.Event()
-
-    def feed():
-        while not stop.is_set():
-            with contextlib.suppress(BrokenPipeError), open(fifo, "w") as f:  # waits for a reader
-                f.write("What is 1 + 1?")
-    writer = threading.Thread(target=feed, daemon=True)
-    writer.start()
-    yield fifo
-    stop.set()
-    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # lets the writer's waiting open return
-    writer.join()
-    os.close(fd)
+    """A FIFO that feeds every reader a prompt (so code that opens it generates, and the test fails
+    rather than hangs)."""
+    with fed_fifo(tmp_path / "prompt.txt", "What is 1 + 1?") as fifo:
+        yield fifo
 
 
 def test_a_prompt_file_that_is_a_fifo_or_a_folder_is_refused_before_it_is_opened(runs, fifo_with_a_writer, tmp_path,

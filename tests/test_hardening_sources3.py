@@ -8,7 +8,6 @@ import csv
 import gzip
 import json
 import os
-import threading
 import tomllib
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from fedsilo.sources.fingerprint import fingerprints
 from fedsilo.sources.load import load_rows
 from fedsilo.tasks.matching.data import own_questions
 from fedsilo.tasks.matching.task import triples
+from tests.fifos import fed_fifo
 
 os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
 
@@ -121,24 +121,12 @@ def test_a_tiny_run_on_the_same_folder_at_two_paths_gives_identical_results(tmp_
 
 @pytest.fixture
 def fifo_with_a_writer(tmp_path):
-    """A FIFO named train.csv and a thread that feeds every reader valid rows (so code that opens it
-    reads them and the test fails rather than hangs); stopped after the test."""
-    fifo = tmp_path / "silo" / "train.csv"
-    fifo.parent.mkdir()
-    os.mkfifo(fifo)
-    stop = threading.Event()
-
-    def feed():
-        while not stop.is_set():
-            with open(fifo, "w") as f:  # waits for a reader
-                f.write("question,candidate,label\n" + "".join(f"q{i},a{i},1\nq{i},b{i},0\n" for i in range(10)))
-    writer = threading.Thread(target=feed, daemon=True)
-    writer.start()
-    yield fifo
-    stop.set()
-    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # lets the writer's waiting open return
-    writer.join()
-    os.close(fd)
+    """A FIFO named train.csv that feeds every reader valid rows (so code that opens it reads them and
+    the test fails rather than hangs)."""
+    (tmp_path / "silo").mkdir()
+    rows = "question,candidate,label\n" + "".join(f"q{i},a{i},1\nq{i},b{i},0\n" for i in range(10))
+    with fed_fifo(tmp_path / "silo" / "train.csv", rows) as fifo:
+        yield fifo
 
 
 def test_a_fifo_in_place_of_a_data_file_is_refused_by_name_before_it_is_opened(fifo_with_a_writer, tmp_path):

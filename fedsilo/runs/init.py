@@ -8,62 +8,23 @@ never leaves a file a run cannot parse (fedsilo.runs.init_text renders and write
 """
 from __future__ import annotations
 
-import csv
-import gzip
-import io
-import json
 import os
-import re
-import unicodedata
-from dataclasses import dataclass
 from pathlib import Path
 
 from fedsilo.errors import DataError, UserError
+from fedsilo.runs.init_names import (SPLIT_NAMES, FileName, clean_name, distinct_names, keep_display, own_name, shown,
+                                     split_of, unnamable)
+from fedsilo.runs.init_peek import columns, head, messages_key, one_array
 from fedsilo.runs.init_text import Draft, Guess, render
 from fedsilo.sources.load import groups, splittable
-from fedsilo.sources.read import GZIP_MAGIC, not_readable, read_rows
-from fedsilo.tasks import TASKS, SILO_NAME
+from fedsilo.sources.read import not_readable, read_rows
+from fedsilo.tasks import TASKS
 
-DATA_SUFFIXES = {"csv": "csv", "tsv": "tsv", "jsonl": "jsonl", "json": "json"}
-SPLIT_NAMES = {"train": "train", "training": "train", "dev": "dev", "valid": "dev", "validation": "dev",
-               "val": "dev", "test": "test", "testing": "test"}
-SPLIT_ENDINGS = ("test", "dev")  # a word ending so names its split too (newstest2019, newsdev)
 DECIDE = "??"  # a column nobody has: `fedsilo data check` names it until the user decides
 READS = ("init reads .csv, .tsv, .jsonl and .json (one JSON array of rows) files and line-aligned files "
          "(train.de + train.en: format \"lines\"), each also gzip-compressed (.gz)")
 NO_ARRAY = "a .json file holds no JSON array of rows ([{...}, {...}])"
 FEW_GROUPS = 10  # a split's key with fewer values: init groups by a role that differs (Roles.regroup)
-
-
-@dataclass(frozen=True)
-class FileName:
-    """A file's name as init reads it: train.de.gz is stem train, suffix de, gzip-compressed."""
-    path: Path
-    stem: str
-    suffix: str   # without the dot, "" when none
-    gz: bool
-
-    @classmethod
-    def of(cls, path: Path) -> "FileName":
-        name = path.name
-        gz = name.lower().endswith(".gz") and len(name) > 3
-        inner = Path(name[:-3] if gz else name)
-        return cls(path, inner.stem if inner.suffix else inner.name, inner.suffix[1:], gz)
-
-    @property
-    def table(self) -> str | None:
-        """csv, tsv, jsonl or json when the file is one."""
-        return DATA_SUFFIXES.get(self.suffix.lower())
-
-    @property
-    def rows(self) -> bool:
-        """A file of rows: a table, a .json one holding a JSON array (not dataset_info.json's object)."""
-        return bool(self.table) and (self.table != "json" or _one_array(_head(self.path)))
-
-    @property
-    def lines_name(self) -> str:
-        """The name a `lines` source gives it (PREFIX.SUFFIX; the reader finds the .gz itself)."""
-        return f"{self.stem}.{self.suffix}"
 
 
 def init_config(data_dir: Path, task: str, out: Path) -> Draft:
@@ -93,9 +54,9 @@ def init_config(data_dir: Path, task: str, out: Path) -> Draft:
         guesses = [guess_silo(p, roles, task, base) for p in silos]
     if not guesses:
         raise UserError(f"{data_dir}: no silo in it ({'; '.join(f'{n}: {w}' for n, w in unused)})")
-    _distinct_names(guesses, silos)
+    distinct_names(guesses, silos)
     for g, p in zip(guesses, silos):
-        _display(g, p)
+        keep_display(g, p)
     taken = [g.name for g in guesses if g.name in settings.BENCHMARK]
     if taken:
         raise UserError(f"{', '.join(taken)}: the name of a benchmark silo; rename the folder or file")
@@ -106,13 +67,13 @@ def _top_entries(data_dir: Path) -> tuple[list[Path], list[tuple[str, str]]]:
     """DATA_DIR's folders and regular files, and the other entries with why they are no silo."""
     entries, unused = [], []
     for p in sorted(data_dir.iterdir()):
-        why = _unnamable(p) or ("a hidden entry" if p.name.startswith(".") else not_readable(p))
+        why = unnamable(p) or ("a hidden entry" if p.name.startswith(".") else not_readable(p))
         if why == "a folder, not a file":
             why = None
         elif why is None and p.suffix.lower() == ".toml":
             why = "a config, not a silo"
         if why:
-            unused.append((_shown(p), why))
+            unused.append((shown(p), why))
         else:
             entries.append(p)
     return entries, unused
@@ -143,59 +104,6 @@ def _one_silos_folder(entries: list[Path]) -> bool:
     return bool(any(n.stem.lower() in SPLIT_NAMES for n in tables) or (not tables and _aligned(names)))
 
 
-def _distinct_names(guesses: list[Guess], paths: list[Path]) -> None:
-    """Silos sharing a name (bank.csv and bank.jsonl) are told apart by their suffix (bank_csv,
-    bank_jsonl), then by a number: a config cannot declare one source twice."""
-    count: dict[str, int] = {}
-    for g in guesses:
-        count[g.name] = count.get(g.name, 0) + 1
-    for g, p in zip(guesses, paths):
-        if count[g.name] > 1 and p.is_file():
-            g.name = _clean(f"{g.name}_{FileName.of(p).suffix or 'file'}")
-    seen: set[str] = set()
-    for g in guesses:
-        name, n = g.name, 2
-        while name in seen:
-            name, n = _clean(f"{g.name}_{n}"), n + 1
-        g.name = name
-        seen.add(name)
-
-
-def _clean(name: str) -> str:
-    """A silo name (ASCII letters, digits, _ - .: it is a bare TOML key and names a folder in a run):
-    accents dropped (café: cafe), any other character "_"."""
-    ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()
-    clean = re.sub(r"[^A-Za-z0-9_.-]", "_", ascii_name).strip("._-") or "silo"
-    if not SILO_NAME.fullmatch(clean):
-        clean = ("s" + clean)[:64]
-    return clean
-
-
-def _own_name(path: Path) -> str:
-    return path.name if path.is_dir() else FileName.of(path).stem
-
-
-def _display(g: Guess, path: Path) -> None:
-    """A silo whose file name is no silo name (café.csv: silo cafe) keeps it as its name in tables."""
-    own = _own_name(path)
-    if _clean(own) != own and own.isprintable():  # not a name with a line break or undecodable bytes
-        g.entry["display"] = own
-        g.comments["display"] = (f"the file's name; the silo's name is {g.name}: a silo name is ASCII letters, "
-                                 "digits, _ - . (it names the silo's folder in a run)")
-
-
-def split_of(stem: str) -> tuple[str | None, bool]:
-    """(split, whether the name is exactly a split's): train, valid, test; else a name holding one
-    split's word (test_2019, newstest2019, dev-2010), which init takes and says so."""
-    low = stem.lower()
-    if low in SPLIT_NAMES:
-        return SPLIT_NAMES[low], True
-    words = re.findall(r"[a-z]+", low)
-    found = {SPLIT_NAMES[w] for w in words if w in SPLIT_NAMES}
-    found |= {s for w in words for s in SPLIT_ENDINGS if w.endswith(s) and w not in SPLIT_NAMES}
-    return (found.pop(), False) if len(found) == 1 else (None, False)
-
-
 def _by_split(g: Guess, stems: list[str], shown) -> dict[str, str]:
     """split → stem, when a train file is found: a stem named exactly as a split first, else one
     holding a split's word (a DECIDE line says which); a second candidate for a split is named unused."""
@@ -220,7 +128,7 @@ def _by_split(g: Guess, stems: list[str], shown) -> dict[str, str]:
 
 
 def guess_silo(path: Path, roles, task: str, base: Path) -> Guess:
-    g = Guess(_clean(_own_name(path)))
+    g = Guess(clean_name(own_name(path)))
     rel = lambda p: os.path.relpath(Path(p).resolve(), base)  # noqa: E731
     files = [path] if path.is_file() else _silo_files(g, path)
     if task == "text2sql":
@@ -271,29 +179,15 @@ def _regroup(g: Guess, source, base: Path) -> None:
             return
 
 
-def _unnamable(path: Path) -> str | None:
-    """Why a config cannot name `path`: a file name that is not UTF-8 (TOML is UTF-8 text), or None."""
-    try:
-        path.name.encode("utf-8")
-    except UnicodeEncodeError:
-        return "a name that is not UTF-8 text, which a config cannot hold: rename it"
-    return None
-
-
-def _shown(path: Path) -> str:
-    """The entry's name as a terminal can print it (an undecodable byte as U+FFFD)."""
-    return os.fsencode(path.name).decode("utf-8", "replace")
-
-
 def _silo_files(g: Guess, folder: Path) -> list[Path]:
     """A silo folder's regular files; the rest (hidden, sub-folders, FIFOs, symlink loops) named unused."""
     out = []
     for p in sorted(folder.iterdir()):
-        why = _unnamable(p) or ("a hidden file" if p.name.startswith(".") else not_readable(p))
+        why = unnamable(p) or ("a hidden file" if p.name.startswith(".") else not_readable(p))
         if why == "a folder, not a file":
             why = "a folder inside a silo's folder (not read)"
         if why:
-            g.unused.append((_shown(p), why))
+            g.unused.append((shown(p), why))
         else:
             out.append(p)
     return out
@@ -332,12 +226,12 @@ def _tables_guess(g: Guess, path: Path, tables: list[FileName], roles, rel, chat
         g.entry["split"] = {"dev": 0.1, "test": 0.1, "seed": 0}
         g.comments["split"] = f"one file: 10% dev, 10% test, grouped by {roles.key} (no {roles.key} in two splits)"
         used = {sample}
-    if g.entry["format"] == "jsonl" and _one_array(_head(sample)):
+    if g.entry["format"] == "jsonl" and one_array(head(sample)):
         g.entry["format"] = "json"
         g.comments["format"] = f"{sample.name} holds one JSON array of rows, not JSON lines (one object per line)"
-    messages = _messages_key(sample, g.entry["format"]) if chat and g.entry["format"] in ("jsonl", "json") else None
+    messages = messages_key(sample, g.entry["format"]) if chat and g.entry["format"] in ("jsonl", "json") else None
     if messages is None:
-        _map_fields(g, roles, _columns(g, sample, g.entry["format"]), sample)
+        _map_fields(g, roles, columns(g, sample, g.entry["format"]), sample)
         return used
     g.entry["chat"] = True
     g.comments["chat"] = (f"rows are chat conversations ({messages!r}: a list of {{role, content}} messages); the "
@@ -440,69 +334,6 @@ def _lines_guess(g: Guess, path: Path, stems: dict[str, list[FileName]], roles, 
         g.comments["split"] = f"one corpus: 10% dev, 10% test, grouped by {roles.key}"
     g.comments["fields"] = "role = file suffix (PREFIX.SUFFIX, or PREFIX.SUFFIX.gz; line i of each is one example)"
     return g
-
-
-def _head(path: Path) -> str:
-    """The file's first 64 KiB as text (through gzip); "" when unreadable."""
-    try:
-        with open(path, "rb") as f:
-            packed = f.read(2) == GZIP_MAGIC
-        with (gzip.open if packed else open)(path, "rb") as f:
-            return f.read(1 << 16).decode("utf-8-sig", errors="replace")
-    except (OSError, EOFError):
-        return ""
-
-
-def _one_array(head: str) -> bool:
-    """Whether a file's first 64 KiB open one JSON array (alpaca_data.json's layout), not JSON lines
-    (a JSONL whose rows are arrays has a complete one on each line)."""
-    if not head.lstrip().startswith("["):
-        return False
-    lines = [line for line in head.splitlines() if line.strip()]
-    try:
-        json.loads(lines[0])
-    except json.JSONDecodeError:
-        return True  # "[" alone, or the array's first items: the array goes on
-    return len(lines) == 1
-
-
-def _first_object(path: Path, fmt: str) -> dict:
-    """The first row of a JSONL file (its first line), or of a JSON array (its first item), as a JSON
-    object; {} when it is none."""
-    head = _head(path)
-    if fmt == "json":
-        text = head.lstrip()[1:].lstrip()
-    else:
-        text = next((line for line in head.splitlines() if line.strip()), "")
-    try:
-        obj, _ = json.JSONDecoder().raw_decode(text)
-    except json.JSONDecodeError:
-        return {}
-    return obj if isinstance(obj, dict) else {}
-
-
-def _columns(g: Guess, path: Path, fmt: str) -> list[str]:
-    """The header's columns (csv/tsv), read as a run reads it, or the first JSON row's keys; [] when
-    unreadable. A CR inside the first line ends the header there, for a run too: a DECIDE line says so."""
-    if fmt in ("jsonl", "json"):
-        return list(_first_object(path, fmt))
-    head = _head(path)
-    tsv = fmt == "tsv"
-    reader = csv.reader(io.StringIO(head, newline=""), delimiter="\t" if tsv else ",",  # newline="": a CR ends
-                        quoting=csv.QUOTE_NONE if tsv else csv.QUOTE_MINIMAL)          # a line, as for a run
-    first = next(reader, [])
-    if reader.line_num == 1 and "\n" in head and io.StringIO(head, newline="").readline().endswith("\r"):
-        g.decide.append(f"{path.name}'s first line holds a carriage return (\\r) before its end: the header is read "
-                        "up to it, as a run reads it (a CR ends a CSV line); if it is a stray one, remove it (the rest "
-                        "of the line is read as a row, which `fedsilo data check` names)")
-    return [c.strip() for c in first]
-
-
-def _messages_key(path: Path, fmt: str) -> str | None:
-    """The key of the first JSON row holding a chat conversation: a non-empty list of objects that
-    each have a "role" (OpenAI's and Hugging Face's `messages`, or any other name); None when none does."""
-    return next((key for key, value in _first_object(path, fmt).items() if isinstance(value, list) and value
-                 and all(isinstance(m, dict) and "role" in m for m in value)), None)
 
 
 def _map_fields(g: Guess, roles, columns: list[str], sample: Path) -> None:
