@@ -250,6 +250,13 @@ def config_warnings(cfg: "RunConfig") -> list[str]:
                 alone = "each silo trains alone" if p.per_silo_runs else "one pooled client trains"
                 out.append(f"federation.{key} = {toml_value(value)} has no effect: paradigm = {cfg.paradigm!r} does not "
                            f"federate ({alone})")
+    if not p.trains:
+        changed = [f"{section}.{key}" for section, part, default in (("client", cfg.client, ClientConfig()),
+                                                                   ("federation", cfg.federation, FederationConfig()))
+                   for key in type(part).model_fields if getattr(part, key) != getattr(default, key)]
+        if changed:
+            out.append(f"{', '.join(changed[:3])}{' …' if len(changed) > 3 else ''} has no effect: paradigm = "
+                       f"{cfg.paradigm!r} trains nothing (the starting model is evaluated)")
     if p.per_silo_runs and (cfg.server.optimizer != ServerConfig.model_fields["optimizer"].default
                             or cfg.server.lr not in (None, 1.0)):
         out.append(f"server.optimizer = {cfg.server.optimizer!r}, lr = {cfg.server.lr}: not used, paradigm = "

@@ -11,8 +11,8 @@ import torch
 
 from fedsilo.errors import ConfigError
 from fedsilo.tasks.instruct.packing import pack, require_packable, unpacked
-from fedsilo.tasks.instruct.scoring import (extract_final_number, greedy_generate, option_loglikelihoods,
-                                            options_ids, response_nll, same_number, token_nll)
+from fedsilo.tasks.instruct.scoring import (batched_option_loglikelihoods, extract_final_number, greedy_generate,
+                                            option_loglikelihoods, options_ids, response_nll, same_number, token_nll)
 from tests.test_instruct_template import tiny_tokenizer
 
 GSM8K_TEST = Path(__file__).resolve().parents[2] / "shared" / "data" / "instruct" / "gsm8k" / "test.jsonl"
@@ -110,6 +110,25 @@ def test_option_loglikelihoods_equal_a_hand_computation():
             by_hand.append(total)
     assert scores == pytest.approx(by_hand, abs=1e-5)
     assert max(range(3), key=scores.__getitem__) == max(range(3), key=by_hand.__getitem__)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_batched_multiple_choice_equals_one_record_at_a_time(attn):
+    """The fast path (one prompt pass for one-token options, left-padded; one right-padded batch for the
+    rest) gives every record's scores as the per-record path does, to 1e-5, whatever mix of prompt
+    lengths and option shapes shares the batch."""
+    model = tiny_llama(attn)
+    g = torch.Generator().manual_seed(3)
+    prompts = [[1, *torch.randint(3, VOCAB, (n,), generator=g).tolist()] for n in (4, 17, 1, 9, 30, 6)]
+    options = [[[21], [22], [23]], [[21], [22, 23], [24, 25, 26]], [[30], [31]], [[40, 41], [42]],
+               [[5], [6], [7], [8]], [[9, 10, 11]]]
+    fast = batched_option_loglikelihoods(model, prompts, options)
+    slow = [option_loglikelihoods(model, p, o) for p, o in zip(prompts, options)]
+    for got, want in zip(fast, slow):
+        assert got == pytest.approx(want, abs=1e-5)
+    assert [len(s) for s in fast] == [len(o) for o in options]
+    with pytest.raises(ValueError, match="non-empty"):
+        batched_option_loglikelihoods(model, [[1, 2], []], [[[3]], [[4]]])
 
 
 def test_options_are_tokenised_alone():

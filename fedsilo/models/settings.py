@@ -120,7 +120,8 @@ class ModelConfig(Strict):
 SIZE_KEYS = ("d_model", "d_ff", "num_layers", "num_decoder_layers", "num_heads", "dropout")
 _SEQ2SEQ_BUILTIN = ("tiny-t5", "minilm2bert", "transformer")
 _ENCODER_BUILTIN = ("minilm", "tiny-bert")
-_CAUSAL_BUILTIN = ("tiny-llama",)
+_CAUSAL_BUILTIN = ("tiny-llama",)  # trained here from scratch
+_CAUSAL_PRETRAINED = ("smollm2-135m-instruct",)  # = fedsilo.models.pretrained.PRETRAINED: a local checkpoint's rules
 
 
 def default_name(kind: str | None) -> str | None:
@@ -170,6 +171,8 @@ def unread_sizes(kind: str | None, name: str | None) -> tuple[tuple[str, ...], s
     elif kind == "causal":
         if name in _CAUSAL_BUILTIN:
             return ("num_decoder_layers",), "a decoder-only model's depth is num_layers"
+        if name in _CAUSAL_PRETRAINED:
+            return SIZE_KEYS, f"the pretrained {name} is loaded with its own sizes"
         return SIZE_KEYS, "a local checkpoint folder is loaded unchanged (its own sizes)"
     return (), ""
 

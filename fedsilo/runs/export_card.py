@@ -5,6 +5,7 @@ peft's empty template.
 The base of exported adapters is named so that the folder can move (`base_reference`): `--with-base`
 names its own copy relatively ("base", which peft resolves from the current folder, so the loader passes
 DIR/base explicitly); a local checkpoint is named by the run's `model.name` as its config writes it (a
+built-in pretrained one by its converted folder's absolute path: its name is fedsilo's alone; a
 relative path stays relative; a hub-style "owner/name" also finds the Hub's model); the absolute folder
 at export time goes to fedsilo_export.json. A base built only in the run has no name at all.
 """
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from fedsilo.config import RunConfig
+from fedsilo.models.pretrained import PRETRAINED, pretrained_folder
 from fedsilo.recipe import model_config
 
 __all__ = ["BaseReference", "base_reference", "auto_class", "loader", "model_card"]
@@ -37,11 +39,11 @@ def base_reference(cfg: RunConfig, with_base: bool) -> BaseReference:
     mcfg = model_config(cfg)
     folder = None
     if mcfg.name is not None and not mcfg.init_from:  # init_from's tensors replaced the checkpoint's
-        found = Path(mcfg.name).expanduser()
+        found = pretrained_folder(mcfg.name) if mcfg.name in PRETRAINED else Path(mcfg.name).expanduser()
         folder = str(found.resolve()) if found.is_dir() else None
     if with_base:
         return BaseReference(BUNDLED_BASE, folder, bundled=True)
-    return BaseReference(mcfg.name if folder else None, folder)
+    return BaseReference((folder if mcfg.name in PRETRAINED else mcfg.name) if folder else None, folder)
 
 
 def auto_class(model) -> str:

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fedsilo.rundir.answers import read_answers
 from fedsilo.rundir.records import (MB, best_round, column, display_name, exchange_totals, invalid_evaluations,
                                     primary_key, primary_label, privacy_spent, read_config, read_results, read_rounds,
                                     read_text, refused_for_good, registry_spec, run_directory, wall_seconds)
@@ -93,6 +94,41 @@ def _subrun_section(silo: str, sub: Path, root: Path, spec, display) -> tuple[li
     return lines + _image_links(plots, root), seconds, (results or {}).get("metric_spec")
 
 
+SHOWN_ANSWERS = 3  # per silo in report.md; every one is in answers/test.jsonl
+
+
+def answers_section(root: Path, display: Mapping[str, str] | None) -> list[str]:
+    """What the model answered on test (fedsilo.rundir.answers), the first few per silo, beside the gold."""
+    try:
+        answers = read_answers(root)
+    except ValueError as err:
+        return ["## Answers (test)\n", f"Not shown: {err}", ""]
+    if not answers:
+        return []
+    out = ["## Answers (test)\n", f"Every test item's answer is in `answers/test.jsonl` ({len(answers):,} lines); "
+           f"the first {SHOWN_ANSWERS} of each silo:", ""]
+    by_silo: dict[str, list[dict]] = {}
+    for answer in answers:
+        by_silo.setdefault(answer["client"], []).append(answer)
+    for silo, kept in by_silo.items():
+        hits = [a.get("right") is True for a in kept]
+        right = sum(1 for h in hits if h)
+        out += [f"**{display_name(silo, display)}**: {right} of {len(kept)} right", "",
+                markdown_table([["prompt (its end)", "gold", "answer", "right"]] +
+                               [[_cell(a.get("prompt", ""), tail=True), _cell(str(a.get("gold"))),
+                                 _cell(str(a.get("generated", a.get("chosen", "")))), "yes" if h else "no"]
+                                for a, h in zip(kept[:SHOWN_ANSWERS], hits)]), ""]
+    return out
+
+
+def _cell(text: str, width: int = 160, tail: bool = False) -> str:
+    """One table cell: one line, pipes escaped, cut to `width` characters (its end when `tail`)."""
+    flat = " ".join(text.split()).replace("|", "\\|")
+    if len(flat) <= width:
+        return flat
+    return "…" + flat[-width:] if tail else flat[:width] + "…"
+
+
 def write_report(run_dir: str | Path, display: Mapping[str, str] | None = None) -> Path:
     """Write ``RUN/report.md`` and ``RUN/plots/*.png``; returns the report path.
 
@@ -104,7 +140,8 @@ def write_report(run_dir: str | Path, display: Mapping[str, str] | None = None) 
         display = results["display"]
     subruns = _subruns(root, results)
     has_rounds = os.path.lexists(root / "rounds.jsonl")  # a FIFO there is named by read_rounds, not missed
-    if not has_rounds and not subruns:
+    trained = not results or results.get("rounds") != 0  # a zero-shot run has results and no rounds
+    if not has_rounds and not subruns and trained:
         raise FileNotFoundError(f"rounds log not found: {root / 'rounds.jsonl'}")
     notes: list[str] = []
     rounds = read_rounds(root, notes) if has_rounds else []
@@ -126,7 +163,7 @@ def write_report(run_dir: str | Path, display: Mapping[str, str] | None = None) 
         best_text = _best_line(best, score, spec, finished)
     else:
         best = None
-        best_text = "per silo, see below"
+        best_text = "per silo, see below" if trained else "none: the starting model, untrained"
     recorded = (results or {}).get("wall_seconds") is not None
     wall = wall_seconds(rounds, results) if has_rounds or recorded else sub_seconds
     task = (results or {}).get("task") or (config.get("task") or {}).get("name") or "unknown"
@@ -135,7 +172,7 @@ def write_report(run_dir: str | Path, display: Mapping[str, str] | None = None) 
     if has_rounds:
         rounds_text = f"{len(rounds)}" + (f" of {total}" if isinstance(total, int) and total > len(rounds) else "")
     else:
-        rounds_text = "per silo, see below"
+        rounds_text = "per silo, see below" if trained else "0 (paradigm trains nothing)"
     name = (results or {}).get("name") or root.name
     out = [
         f"# Run report: {name}\n",
@@ -168,6 +205,7 @@ def write_report(run_dir: str | Path, display: Mapping[str, str] | None = None) 
         matrix = matrix_table(results, display)
         if matrix:
             out += ["## Cross-domain matrix\n", MATRIX_NOTE, "", markdown_table(matrix), ""]
+    out += answers_section(root, display)
     silo_level = [r["silo_dp"] for r in rounds if r.get("silo_dp")]
     if silo_level:
         last = silo_level[-1]

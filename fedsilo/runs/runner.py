@@ -22,6 +22,7 @@ from fedsilo.features.robust import uncapped_weights
 from fedsilo.progress import Display, Heard, Progress
 from fedsilo.recipe import (TOKENIZER_DIR, build_model, build_recipe, build_server, build_task,
                             give_ledgers, store_root, task_tokenizer)
+from fedsilo.rundir.answers import read_answers, task_answers, write_answers
 from fedsilo.rundir.datacheck import check_at_start
 from fedsilo.rundir.layout import LEDGER_FOLDER, RunDir, RunDirError, config_hash, tokenizer_identity
 from fedsilo.rundir.lock import RunLock
@@ -120,7 +121,7 @@ def _federate(cfg: RunConfig, run: RunDir, engine, server: Server, spec: MetricS
     identity = {"run_id": run.run_id(), "config": config_hash(cfg)}
     if tokenizer is not None:  # saved with each checkpoint, not checked on resume (the config hash covers it)
         identity["tokenizer"] = tokenizer
-    rounds = cfg.federation.rounds
+    rounds = cfg.federation.rounds if cfg.participation.trains else 0
     start, best = 1, None
     state = run.load_checkpoint(run.checkpoint, identity, server.params, device, server.state_problem)
     if state is not None:
@@ -150,6 +151,11 @@ def _federate(cfg: RunConfig, run: RunDir, engine, server: Server, spec: MetricS
     run.truncate_rounds(last)
     engine.truncate(last)
     stopped, spent = None, spent_silos(run.read_rounds())
+    if not cfg.participation.trains and state is None:  # the starting model is the run's model: round 0
+        best = _evaluate_dev(0, engine, server, spec, progress)[0]
+        for path, extra in ((run.best, {}), (run.checkpoint, {"best": best})):
+            run.save(path, {"round": 0, **identity, **extra, "server": server.state_dict(),
+                            "clients": engine.state_dict()})
 
     for r in range(start, rounds + 1):
         sampled = sample_clients(engine.client_names, r, cfg.seed, cfg.federation.sample_fraction,
@@ -168,18 +174,11 @@ def _federate(cfg: RunConfig, run: RunDir, engine, server: Server, spec: MetricS
             raise RunFailed(f"round {r}: the global model holds NaN/Inf values", lasting=True)
         record["dev"] = None
         if r % cfg.federation.eval_every == 0 or r == rounds:
-            t0 = time.perf_counter()
-            dev = spec.summarize(engine.evaluate(server, "dev", progress))
-            if dev.get(NONFINITE):
-                progress.warn(f"round {r}: invalid dev evaluation, the model scored {dev[NONFINITE]:.0f} "
-                              f"item(s) NaN/Inf; this round is never selected as best")
-            candidate = {"key": dev["key"], "round": r, "score": dev["score"]}
+            candidate, record["dev"], record["eval_seconds"] = _evaluate_dev(r, engine, server, spec, progress)
             if select_best([c for c in (best, candidate) if c]) is candidate:
                 best = candidate
                 run.save(run.best, {"round": r, **identity, "server": server.state_dict(),
                                     "clients": engine.state_dict()})
-            record["dev"] = dev
-            record["eval_seconds"] = time.perf_counter() - t0
         progress.log(f"round {r}/{rounds} done in {record['seconds']:.1f}s" +
                      (_dev_line(spec, record["dev"]) if record["dev"] else ""))
         run.append_round(record)
@@ -227,12 +226,23 @@ def _federate(cfg: RunConfig, run: RunDir, engine, server: Server, spec: MetricS
     if stopped:
         results["stopped"] = stopped
     write_items(run.path, item_records(test_rows, "test"))  # before results.json: a reported test has its items
+    write_answers(run.path, task_answers(getattr(engine, "task", None), "test"))  # in-process: the text is ours
     run.write_results(results)
     # Leave the engine where the run ended, so a resume with more rounds continues from there.
     state = run.load_checkpoint(run.checkpoint, identity, server.params, device, server.state_problem)
     server.load_state_dict(state["server"])
     engine.load_state_dict(state["clients"])
     return results
+
+
+def _evaluate_dev(r: int, engine, server: Server, spec: MetricSpec, progress: Progress) -> tuple[dict, dict, float]:
+    """(the round's candidate for best, its dev summary, seconds) after round `r` (0: the starting model)."""
+    t0 = time.perf_counter()
+    dev = spec.summarize(engine.evaluate(server, "dev", progress))
+    if dev.get(NONFINITE):
+        progress.warn(f"round {r}: invalid dev evaluation, the model scored {dev[NONFINITE]:.0f} "
+                      f"item(s) NaN/Inf; this round is never selected as best")
+    return {"key": dev["key"], "round": r, "score": dev["score"]}, dev, time.perf_counter() - t0
 
 
 def busy_machine(setting, threads: int, device: str) -> str | None:
@@ -381,5 +391,6 @@ def _finetune(cfg: RunConfig, out: Path, resume: bool, progress: Progress) -> di
         results["reference"] = {name: spec.summarize(rows) for name, rows in references.items()}
     top.write_config(cfg)  # a resume's, once every silo's run has accepted it
     write_items(out, [r for path in subruns.values() for r in read_items(out / path) or []])  # the rows' order
+    write_answers(out, [r for path in subruns.values() for r in read_answers(out / path) or []])
     top.write_results(results)
     return results

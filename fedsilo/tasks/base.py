@@ -206,6 +206,17 @@ class ItemStats(Protocol):
         deterministic order, so that `pool(items["stats"])` equals the row's `stats`."""
 
 
+@runtime_checkable
+class KeepsAnswers(Protocol):
+    """A task whose final evaluation produces text worth reading beside the scores (a generated answer,
+    the option chosen): kept per item, in the split's order, for the run directory's
+    `answers/<split>.jsonl` and `fedsilo report`. Never part of the evaluation rows, which may leave a
+    silo (on Flower they hold hashed ids and numbers only)."""
+    def answers(self, client: str, split: str) -> list[dict]:
+        """The last final evaluation's answers on `client`'s `split`: one dict per item that has any,
+        each with the item's `id` (as in `items`)."""
+
+
 def item_ids(keys: Sequence[Any]) -> list[str]:
     """Each item's id for an items record: 16 hex digits of a sha256, never its text. `keys` are the
     items' contents (JSON-serialisable), in the split's order. An item's id is the digest of the whole

@@ -23,7 +23,8 @@ import torch
 
 from fedsilo.tasks.tokens import pad_rows
 
-__all__ = ["token_nll", "response_nll", "options_ids", "option_loglikelihoods", "greedy_generate",
+__all__ = ["token_nll", "response_nll", "options_ids", "option_loglikelihoods", "batched_option_loglikelihoods",
+           "greedy_generate",
            "extract_final_number", "same_number"]
 
 FINAL_NUMBER = re.compile(r"#### (\-?[0-9\.\,]+)")
@@ -66,6 +67,44 @@ def option_loglikelihoods(model: torch.nn.Module, prompt_ids: list[int], options
     mask = (labels != -100) | (torch.arange(ids.shape[1]) < len(prompt_ids))
     logits = model(input_ids=ids.to(model.device), attention_mask=mask.long().to(model.device)).logits
     return (-token_nll(logits, labels.to(model.device)).sum(1)).tolist()
+
+
+@torch.no_grad()
+def batched_option_loglikelihoods(model: torch.nn.Module, prompts: Sequence[list[int]],
+                                  options: Sequence[list[list[int]]]) -> list[list[float]]:
+    """`option_loglikelihoods` for several records at once, equal to it up to float summation order.
+    A record whose options are one token each is scored from one pass over its prompt (the last
+    position's log-softmax holds every option's score: PubMedQA's yes/no/maybe under a real model's
+    tokenizer); the prompts of such records run as one left-padded batch that keeps only the last
+    position's logits. Any other record's (prompt + option) rows join one right-padded batch."""
+    if any(not p for p in prompts) or any(not all(o) for o in options):
+        raise ValueError("multiple-choice scoring needs a non-empty prompt and non-empty options")
+    scores: list[list[float]] = [[] for _ in prompts]
+    short = [i for i, opts in enumerate(options) if all(len(o) == 1 for o in opts)]
+    if short:
+        last = _last_position_logprobs(model, [prompts[i] for i in short])
+        for i, row in zip(short, last):
+            scores[i] = [row[o[0]].item() for o in options[i]]
+    long = [(i, o) for i, opts in enumerate(options) if i not in set(short) for o in opts]
+    if long:
+        labels = pad_rows([torch.tensor([-100] * len(prompts[i]) + o) for i, o in long], -100)
+        ids = pad_rows([torch.tensor(prompts[i] + o) for i, o in long], 0)
+        mask = pad_rows([torch.ones(len(prompts[i]) + len(o), dtype=torch.long) for i, o in long], 0)
+        logits = model(input_ids=ids.to(model.device), attention_mask=mask.to(model.device)).logits
+        for (i, _), total in zip(long, (-token_nll(logits, labels.to(model.device)).sum(1)).tolist()):
+            scores[i].append(total)
+    return scores
+
+
+def _last_position_logprobs(model: torch.nn.Module, prompts: Sequence[list[int]]) -> torch.Tensor:
+    """log P(next token | prompt) [b, V]: left padding, positions counted from each prompt's first token."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (width - len(p)) + list(p) for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    logits = model(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
+                   position_ids=positions.to(model.device), logits_to_keep=1).logits
+    return torch.log_softmax(logits[:, -1].float(), dim=-1).cpu()
 
 
 @torch.no_grad()

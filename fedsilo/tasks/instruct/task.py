@@ -32,8 +32,8 @@ from .metrics import SPEC
 from .packing import pack, require_packable, unpacked
 from .plugin import InstructSettings
 from .records import Record
-from .scoring import (extract_final_number, greedy_generate, option_loglikelihoods, options_ids, same_number,
-                      token_nll)
+from .choices import from_loss_pass, plan_choices, score_rest
+from .scoring import extract_final_number, greedy_generate, same_number, token_nll
 from .template import prompt_ids, render, trains, use_chat
 
 __all__ = ["InstructTask", "PackedInstructTask", "build_task", "task_tokenizer"]
@@ -78,6 +78,7 @@ class _Instruct:
                                              settings.max_eval, where, "instruct silo", "records")
         self.rows = RowMemo(self)
         self._said: set[tuple] = set()
+        self._answers: dict[tuple[str, str], list[dict]] = {}
 
     # ---- the Task contract ---------------------------------------------------------------
 
@@ -196,22 +197,32 @@ class _Instruct:
         was_training = model.training
         model.eval()
         device = next(model.parameters()).device
+        plans, scores = plan_choices(records, self.tokenizer, self.chat, self.settings), {}
         try:
             for idx in sorted_batches([len(r["input_ids"]) for r in rows], self.settings.eval_batch_size):
                 batch = {k: v.to(device) for k, v in unpacked([rows[i] for i in idx], self.pad_id).items()}
-                nll = self._nll(model, batch)
+                logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+                nll = token_nll(logits, batch["labels"])
+                scores.update(from_loss_pass(logits, idx, rows, plans))
+                del logits
                 counts = (batch["labels"][:, 1:] != -100).sum(1)
                 for i, s, n in zip(idx, nll.sum(1).tolist(), counts.tolist()):
                     items[i] = {"loss_sum": s, "loss_n": float(n), "cut": float(cut[i])} if math.isfinite(s) \
                         else {NONFINITE: 1.0}
                 if progress is not None:
                     progress.advance(len(idx))
-            self._say_prompt_cut(client, split, "multiple-choice scoring", self._score_choices(model, records, items))
+            answers: list[dict] = [{} for _ in records]
+            self._say_prompt_cut(client, split, "multiple-choice scoring",
+                                 self._score_choices(model, records, items, answers, plans, scores))
             if final or self.settings.generate_on == "all":
-                self._say_prompt_cut(client, split, "generation", self._score_answers(model, records, items))
+                self._say_prompt_cut(client, split, "generation", self._score_answers(model, records, items, answers))
         finally:
             model.train(was_training)
-        return [item_row(client, self.name, [[list(r.turns), r.response] for r in records], items)]
+        row = item_row(client, self.name, [[list(r.turns), r.response] for r in records], items)
+        if final:
+            self._answers[(client, split)] = [{"id": key, "prompt": r.turns[-1][1] if r.turns else "", **a}
+                                              for key, r, a in zip(row["items"]["ids"], records, answers) if a]
+        return [row]
 
     def _check_positions(self, model, records: Sequence[Record]) -> None:
         """A generation budget the model's positions cannot hold is refused at the first evaluation of a
@@ -223,35 +234,44 @@ class _Instruct:
                               f"{self.settings.max_new_tokens} = {need} positions, more than the model's {limit} "
                               "(max_position_embeddings): lower either")
 
-    def _score_choices(self, model, records: Sequence[Record], items: list[dict]) -> list[int]:
-        """Multiple choice as lm-evaluation-harness's acc: the option of largest log-likelihood. Returns
-        the prompt tokens each scored record lost (`budget`)."""
-        lost = []
-        for record, stats in zip(records, items):
-            if not record.options or NONFINITE in stats:
-                continue
-            options = options_ids(self.tokenizer, record.options)
-            prompt = fit_prompt(prompt_ids(record, self.tokenizer, self.chat), self.settings, options)
-            scores = option_loglikelihoods(model, prompt.ids, options)
-            best = max(range(len(scores)), key=lambda k: scores[k])
-            stats.update({"mc_hit": float(best == record.label), "mc_n": 1.0})
-            lost.append(_count_cut(stats, prompt.lost))
-        return lost
+    def _score_choices(self, model, records: Sequence[Record], items: list[dict], answers: list[dict],
+                       plans: dict, scores: dict) -> list[int]:
+        """Multiple choice as lm-evaluation-harness's acc: the option of largest log-likelihood (`choices`:
+        read off the loss pass where it holds them, the rest batched). Returns the prompt tokens each
+        scored record lost (`budget`)."""
+        asked = [i for i in plans if NONFINITE not in items[i]]
+        scores.update(score_rest(model, plans, [i for i in asked if i not in scores], self.settings.eval_batch_size))
+        for i in asked:
+            got, record = scores[i], records[i]
+            best = max(range(len(got)), key=lambda k: got[k])
+            items[i].update({"mc_hit": float(best == record.label), "mc_n": 1.0})
+            answers[i].update({"chosen": record.options[best], "gold": record.options[record.label],
+                               "right": best == record.label,
+                               "option_scores": [round(x, 4) for x in got]})
+        return [_count_cut(items[i], plans[i].prompt.lost) for i in asked]
 
-    def _score_answers(self, model, records: Sequence[Record], items: list[dict]) -> list[int]:
-        """GSM8K: greedy generation, then the final number after "####" against the gold one. Returns the
-        prompt tokens each generating record lost (`budget`)."""
+    def _score_answers(self, model, records: Sequence[Record], items: list[dict], answers: list[dict]) -> list[int]:
+        """GSM8K: greedy generation, batched by prompt length (less padding), then the final number after
+        "####" against the gold one. Returns the prompt tokens each generating record lost (`budget`)."""
         asked = [i for i, r in enumerate(records) if r.answer is not None and NONFINITE not in items[i]]
         prompts = {i: fit_prompt(prompt_ids(records[i], self.tokenizer, self.chat), self.settings) for i in asked}
-        size = self.settings.eval_batch_size
-        for start in range(0, len(asked), size):
-            chunk = asked[start:start + size]
+        for batch in sorted_batches([len(prompts[i].ids) for i in asked], self.settings.eval_batch_size):
+            chunk = [asked[k] for k in batch]
             outputs = greedy_generate(model, [prompts[i].ids for i in chunk], self.settings.max_new_tokens,
                                       self.eos_id, self.pad_id)
             for i, ids in zip(chunk, outputs):
-                predicted = extract_final_number(self.tokenizer.decode(ids, skip_special_tokens=True))
-                items[i].update({"em_hit": float(same_number(predicted, records[i].answer)), "em_n": 1.0})
+                text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                predicted = extract_final_number(text)
+                hit = same_number(predicted, records[i].answer)
+                items[i].update({"em_hit": float(hit), "em_n": 1.0})
+                answers[i].update({"generated": text, "predicted": predicted, "gold": records[i].answer, "right": hit,
+                                   "ended": len(ids) < self.settings.max_new_tokens})
         return [_count_cut(items[i], prompts[i].lost) for i in asked]
+
+    def answers(self, client: str, split: str) -> list[dict]:
+        """The last final evaluation's text per record of `client`'s `split` (fedsilo.tasks.base.KeepsAnswers):
+        the generated answer and its number, or the option chosen and every option's score."""
+        return list(self._answers.get((client, split), ()))
 
 
 def _count_cut(stats: dict, lost: int) -> int:
