@@ -303,17 +303,32 @@ def _payload(server: Server, client: str, payloads: dict[tuple, Shared]) -> Shar
 
 
 class _StepCounter:
-    """Moves the workers' step events onto the progress bar, from a thread of the parent."""
+    """Moves the workers' step events onto the progress bar, from a thread of the parent.
+
+    It is stopped by an event of the parent's own, never by a message through the workers' queue: when
+    a worker dies the pool kills the others, and one killed inside `put` leaves the queue's write lock
+    held for ever (a parent putting a stop message then hung; tests/test_hardening_runs.py saw it)."""
+
+    POLL = 0.05  # seconds between looks at the queue while it is empty
 
     def __init__(self, steps, progress: Progress) -> None:
         self.steps, self.progress = steps, progress
+        self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
-        while self.steps.get() is not None:
-            self.progress.advance()
+        while True:  # every event already sent is shown before the thread ends
+            if not self.steps.empty():
+                self.steps.get()
+                self.progress.advance()
+            elif self.done.is_set():
+                return
+            else:
+                self.done.wait(self.POLL)
 
     def stop(self) -> None:
-        self.steps.put(None)
-        self.thread.join()
+        """Stops the thread after what it is reading (a worker killed mid-message leaves a read that never
+        ends: the daemon thread is then left to the process's exit)."""
+        self.done.set()
+        self.thread.join(timeout=1.0)
