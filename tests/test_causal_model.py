@@ -134,7 +134,7 @@ def test_a_folder_that_is_not_a_causal_lm_is_one_line_naming_model_name(tokenize
 
 
 def test_a_missing_folder_is_one_line_naming_model_name(tmp_path):
-    with pytest.raises(ConfigError, match=r"^model.name: '.*nowhere' is neither one of \('tiny-llama',\) nor a local"):
+    with pytest.raises(ConfigError, match=r"^model.name: '.*nowhere' is neither one of \('tiny-llama', 'smollm2-135m-instruct'\) nor a local"):
         build_causal(causal(name=str(tmp_path / "nowhere")), 0)
 
 
