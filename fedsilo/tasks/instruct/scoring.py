@@ -85,7 +85,8 @@ def batched_option_loglikelihoods(model: torch.nn.Module, prompts: Sequence[list
         last = _last_position_logprobs(model, [prompts[i] for i in short])
         for i, row in zip(short, last):
             scores[i] = [row[o[0]].item() for o in options[i]]
-    long = [(i, o) for i, opts in enumerate(options) if i not in set(short) for o in opts]
+    one_token = set(short)
+    long = [(i, o) for i, opts in enumerate(options) if i not in one_token for o in opts]
     if long:
         labels = pad_rows([torch.tensor([-100] * len(prompts[i]) + o) for i, o in long], -100)
         ids = pad_rows([torch.tensor(prompts[i] + o) for i, o in long], 0)
