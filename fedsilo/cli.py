@@ -1,4 +1,4 @@
-"""`fedsilo run | study | deploy | report | compare | init | keys | data`: the command line.
+"""`fedsilo run | study | deploy | report | track | compare | init | keys | data`: the command line.
 
 Every error a user can cause (a bad config, a missing or corrupt file, a deployment that ended
 without results) is one line `fedsilo: error: ...` and exit code 2, never a traceback. What each
@@ -23,6 +23,12 @@ from fedsilo import __version__, commands
 from fedsilo.errors import ConfigWarning, FedsiloError
 
 
+TRACKING_HELP = ("mirror the run into experiment trackers: mlflow (a local store beside the run directory that "
+                 "`mlflow ui` opens, or [tracking] uri / $MLFLOW_TRACKING_URI), tensorboard (RUN/tensorboard), both, "
+                 "or off; sets tracking.backend (docs/tracking.md)")
+TRACKING_CHOICES = ["off", "mlflow", "tensorboard", "both"]
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one `fedsilo: error:` line (exit code 2), like every other user error
         self.exit(2, f"fedsilo: error: {message} (see: {self.prog} --help)\n")
@@ -42,7 +48,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
                    help="print fedsilo's version and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                           help="run, study, deploy, report, export, generate, compare, init, keys, ledger or data "
+                           help="run, study, deploy, report, track, export, generate, compare, init, keys, ledger or "
+                                "data "
                                 "(COMMAND --help for its options)")
 
     def common(sp: argparse.ArgumentParser) -> None:
@@ -53,6 +60,7 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
         sp.add_argument("--no-progress", action="store_true",
                         help="no progress bars: one plain line per finished round (logs, CI)")
+        sp.add_argument("--tracking", choices=TRACKING_CHOICES, help=TRACKING_HELP)
 
     r = sub.add_parser("run", help="run an experiment from a TOML config")
     common(r)
@@ -85,10 +93,20 @@ def parser() -> argparse.ArgumentParser:
                          "mean ± sample sd; wins over [study] seeds (default: the config's seed, once)")
     st.add_argument("--no-progress", action="store_true",
                     help="no progress bars: one plain line per finished round or variant (logs, CI)")
+    st.add_argument("--tracking", choices=TRACKING_CHOICES, help=TRACKING_HELP + "; the study is one run with "
+                    "each variant and seed nested under it")
     st.set_defaults(func=commands.cmd_study)
     rep = sub.add_parser("report", help="(re)write report.md and plots of a run directory")
     rep.add_argument("run_dir", help="a run directory (holding rounds.jsonl), e.g. runs/lorar-small")
     rep.set_defaults(func=commands.cmd_report)
+    trk = sub.add_parser("track", help="log a finished (or stopped) run directory to its trackers after the fact: "
+                                       "what a tracking server missed while it was down, or an older run")
+    trk.add_argument("run_dir", help="a run directory (holding config.toml)")
+    trk.add_argument("--tracking", choices=TRACKING_CHOICES[1:], help="the trackers (default: the run's [tracking] "
+                                                                     "backend)")
+    trk.add_argument("--set", action="append", metavar="KEY=VALUE",
+                     help="a [tracking] setting, e.g. --set tracking.uri=http://mlflow.internal:5000")
+    trk.set_defaults(func=commands.cmd_track)
     exp = sub.add_parser("export", help="write a run's best model in Hugging Face's formats: a LoRA run's adapters "
                                         "for peft (adapter_config.json + adapter_model.safetensors + the tokenizer), "
                                         "or with --merged one full model; global or one silo's own")

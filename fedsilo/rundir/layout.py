@@ -38,6 +38,7 @@ def _comparable(cfg: dict) -> dict:
         cfg.get(section, {}).pop(key, None)
     cfg.pop("out_dir", None)
     cfg.pop("plugin_dir", None)  # where the plugins were found, not what they are: a moved config still resumes
+    cfg.pop("tracking", None)  # where the run is mirrored, not what it trains: tracking may be turned on for a resume
     return cfg
 
 
@@ -102,7 +103,8 @@ class RunDir:
                 raise RunDirError(f"{self.config} is not readable: {err}") from None
             if _comparable(saved) != _comparable(cfg.model_dump(exclude_none=True)):
                 raise RunDirError(f"--resume: the config differs from the one in {self.config}; "
-                                  "only " + ", ".join(f"{a}.{b}" for a, b in sorted(RESUMABLE_CHANGES)) + " may change")
+                                  "only " + ", ".join(f"{a}.{b}" for a, b in sorted(RESUMABLE_CHANGES)) +
+                                  " and the [tracking] section may change")
             return
         if any(p.exists() for p in (self.checkpoint, self.rounds, self.results, self.failed)):
             raise RunDirError(f"{self.path} already holds a run: pass --resume to continue it, or choose "

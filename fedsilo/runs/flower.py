@@ -24,6 +24,7 @@ from fedsilo.tasks import TASKS
 
 from .report import write_report
 from .runner import run_federation
+from .tracked import RunTracking, finish_run
 
 
 def serve(grid: Grid, cfg: RunConfig, out: Path, resume: bool, show_progress: Display = True,
@@ -43,10 +44,13 @@ def _serve(grid: Grid, cfg: RunConfig, out: Path, resume: bool, show_progress: D
     model, tokenizer = build_model(cfg)  # the same builder as the silos: initial weights only, no client data
     engine = FlowerEngine(grid, cfg, run_key=run.run_id())
     spec = TASKS.get(cfg.task.name).spec()
-    with Progress(enabled=show_progress) as progress:
+    # tracked here, on the server side, with what the silos sent: the rounds' and evaluations' numbers
+    with Progress(enabled=show_progress) as progress, RunTracking.of(cfg, out, progress.warn) as tracking:
         results = run_federation(cfg, run, engine, build_server(cfg, model), spec, cfg.task.name, resume,
-                                 progress, display=server_display(cfg), tokenizer=tokenizer_identity(tokenizer))
-    write_report(out)
+                                 progress, display=server_display(cfg), tokenizer=tokenizer_identity(tokenizer),
+                                 tracking=tracking)
+        write_report(out)
+        finish_run(tracking, out)
     return results
 
 

@@ -32,6 +32,9 @@ from fedsilo.server import Server, sample_clients
 from fedsilo.tasks import TASKS
 from fedsilo.tasks.base import NONFINITE, MetricSpec, WithReferences, select_best
 
+from .report import write_report
+from .tracked import UNTRACKED, Nest, RunTracking, finish_run
+
 
 def _dev_line(spec: MetricSpec, dev: dict) -> str:
     label = next((c.label for c in spec.columns if c.key == spec.primary), spec.primary)
@@ -91,10 +94,11 @@ def _check_progress(cfg: RunConfig, logged: list[dict], rounds: int) -> None:
 
 def run_federation(cfg: RunConfig, run: RunDir, engine: Engine, server: Server, spec: MetricSpec, task_name: str,
                    resume: bool = False, progress: Progress | None = None, display: dict | None = None,
-                   tokenizer: str | None = None) -> dict:
+                   tokenizer: str | None = None, tracking: RunTracking = UNTRACKED) -> dict:
     """Rounds on any engine, model selection on the merged dev set, test of the selected model. A run
     that diverged (a lasting RunFailed) stays failed: the reason is recorded, and a resume repeats it.
-    `tokenizer`: its identity (`tokenizer_identity`), recorded in every checkpoint for `model.init_from`."""
+    `tokenizer`: its identity (`tokenizer_identity`), recorded in every checkpoint for `model.init_from`;
+    `tracking`: started once the run is accepted, given each round once its checkpoint is saved."""
     run.prepare(cfg, resume)
     failed = run.failure()
     if failed is not None:
@@ -104,7 +108,7 @@ def run_federation(cfg: RunConfig, run: RunDir, engine: Engine, server: Server, 
                         f"(to try once more anyway, delete {run.failed} and resume)", lasting=True)
     try:
         return _federate(cfg, run, engine, server, spec, task_name, progress or Progress(enabled=False), display,
-                         tokenizer)
+                         tokenizer, tracking)
     except RunFailed as err:
         if err.lasting:
             run.record_failure(str(err))
@@ -112,7 +116,7 @@ def run_federation(cfg: RunConfig, run: RunDir, engine: Engine, server: Server, 
 
 
 def _federate(cfg: RunConfig, run: RunDir, engine, server: Server, spec: MetricSpec, task_name: str,
-              progress: Progress, display: dict | None, tokenizer: str | None) -> dict:
+              progress: Progress, display: dict | None, tokenizer: str | None, tracking: RunTracking) -> dict:
     server.register(engine.client_sizes)
     uncapped = uncapped_weights(build_recipe(cfg))  # on every engine: the weights are the server's business
     if uncapped:
@@ -142,6 +146,7 @@ def _federate(cfg: RunConfig, run: RunDir, engine, server: Server, spec: MetricS
         raise RunDirError(f"{run.path} finished {recorded.get('rounds')} rounds but has no checkpoint.pt to "
                           f"continue to {rounds} from; start a new run with another --out")
     run.write_config(cfg)  # only now: a refused resume leaves the run directory as it was
+    tracking.start([r for r in run.read_rounds() if r["round"] < start])  # the rounds its checkpoint holds
     if state is not None:
         done = run.read_results()
         if done is not None and (state["round"] >= rounds or done.get("stopped")) and done.get("rounds") == state["round"]:
@@ -186,6 +191,7 @@ def _federate(cfg: RunConfig, run: RunDir, engine, server: Server, spec: MetricS
                                   "clients": engine.state_dict()})
         engine.after_checkpoint([r] + ([best["round"]] if best else []))
         logged = run.read_rounds()
+        tracking.rounds(logged)
         spent = spent_silos(logged)
         if set(engine.client_names) <= spent:
             stopped = (f"every silo refused round {r} and all later rounds (each has spent its privacy budget); "
@@ -293,7 +299,7 @@ def _surface(caught: list) -> list[str]:
 
 
 def run_local(cfg: RunConfig, run: RunDir, resume: bool = False, progress: Progress | None = None,
-              policies: dict[str, str] | None = None) -> dict:
+              policies: dict[str, str] | None = None, tracking: RunTracking = UNTRACKED) -> dict:
     """One federation (or pooled/single-silo run) on the in-process engine; `policies`: {silo: its policy
     file} (fedsilo.client.policy), as each silo's operator gives it, not the config."""
     progress = progress or Progress(enabled=False)
@@ -324,7 +330,8 @@ def run_local(cfg: RunConfig, run: RunDir, resume: bool = False, progress: Progr
         progress.warn(busy)
     try:
         results = run_federation(cfg, run, engine, build_server(cfg, model, recipe), task.spec, task.name, resume,
-                                 progress, display=task.display, tokenizer=tokenizer_identity(tokenizer))
+                                 progress, display=task.display, tokenizer=tokenizer_identity(tokenizer),
+                                 tracking=tracking)
     finally:
         engine.close()
     if isinstance(task, WithReferences) and task.reference_names and "reference" not in results:
@@ -340,24 +347,31 @@ def reference_rows(task, name: str, split: str) -> list[dict]:
 
 
 def run_experiment(cfg: RunConfig, out: str | Path, resume: bool = False, show_progress: Display = True,
-                   policies: dict[str, str] | None = None, heard: Heard | None = None) -> dict:
-    """Any paradigm into run directory `out`; returns results.json's content. `heard`: the warnings
-    earlier runs of a study gave (each is shown once per study)."""
+                   policies: dict[str, str] | None = None, heard: Heard | None = None, nest: Nest | None = None) -> dict:
+    """Any paradigm into run directory `out`, its report written; returns results.json's content.
+    `heard`: the warnings earlier runs of a study gave (each is shown once per study); `nest`: the study
+    run this one is tracked under."""
     out = Path(out)
     build_recipe(cfg)  # refused before the run directory is touched
     # refused at its start, the run leaves `out` as it found it: what it made there removed, then the lock
-    with RunLock(out), left_as_found(out), Progress(enabled=show_progress, heard=heard) as progress:
+    with RunLock(out), left_as_found(out), Progress(enabled=show_progress, heard=heard) as progress, \
+            RunTracking.of(cfg, out, progress.warn, *(nest or ())) as tracking:
         if cfg.participation.per_silo_runs:
             if policies:
                 raise ConfigError(f"--policy: paradigm {cfg.paradigm!r} trains each silo alone; nothing leaves a silo")
-            return _finetune(cfg, out, resume, progress)
-        return run_local(cfg, RunDir(out), resume, progress, policies)
+            results = _finetune(cfg, out, resume, progress, tracking)
+        else:
+            results = run_local(cfg, RunDir(out), resume, progress, policies, tracking)
+        write_report(out)
+        finish_run(tracking, out)
+        return results
 
 
-def _finetune(cfg: RunConfig, out: Path, resume: bool, progress: Progress) -> dict:
+def _finetune(cfg: RunConfig, out: Path, resume: bool, progress: Progress, tracking: RunTracking) -> dict:
     """Each silo alone (its own dev selection), in sub-run directories; results pooled exactly."""
     top = RunDir(out)
     top.prepare(cfg, resume)
+    tracking.start()  # the parent of each silo's tracked run
     rows, subruns, spec_desc, display, wall, matrices, references = [], {}, None, {}, 0.0, {}, {}
     for silo in cfg.task.client_names():
         sub = cfg.model_copy(update={
@@ -371,7 +385,9 @@ def _finetune(cfg: RunConfig, out: Path, resume: bool, progress: Progress) -> di
         })
         sub_run = RunDir(out / "silos" / silo)
         progress.log(f"finetuning {silo} alone")
-        done = run_local(sub, sub_run, resume and sub_run.config.exists(), progress)
+        with RunTracking.of(sub, sub_run.path, progress.warn, tracking, silo, {"fedsilo.silo": silo}) as alone:
+            done = run_local(sub, sub_run, resume and sub_run.config.exists(), progress, tracking=alone)
+            finish_run(alone, sub_run.path)
         rows += done["test"]["rows"]
         if "matrix" in done:
             matrices[silo] = done["matrix"]["models"]["global"]

@@ -40,11 +40,11 @@ from fedsilo.rundir.records import column, exchange_totals, higher_is_better, re
 
 from . import runner
 from .overall import common_units, comparison
-from .report import write_report
 from .significance import Metric
 from .spread import SPREAD, claim_lines, rule
 from .studyfile import StudySettings, check_seeds, load_study
 from .tables import MODEL_NOTE, format_value, markdown_table, print_grid
+from .tracked import Nest, RunTracking, log_study, study_tracking
 
 __all__ = ["run_study", "run_dir"]
 
@@ -110,6 +110,18 @@ def run_study(path: str | Path, out: str | Path, assignments: Sequence[str] = ()
     console = console or Console(width=max(Console().width, 160))
     plan = {seed: load_study(path, assignments, only, seed, multi)[1] for seed in (seeds or [None])}
     names = list(next(iter(plan.values())))
+    base = next(iter(plan.values()))[names[0]]
+    params = {"file": str(path), "variants": names, "seeds": seeds, "baseline": settings.baseline or names[0],
+              "alpha": settings.alpha, "metrics": settings.metrics}
+    warn = lambda message: console.print(f"fedsilo: warning: {message}", style="yellow", markup=False,  # noqa: E731
+                                         highlight=False, soft_wrap=True)
+    with study_tracking(base, out, settings.name, params, warn) as tracking:
+        return _run_plan(path, out, settings, plan, names, multi, seeds, show_progress, console, tracking)
+
+
+def _run_plan(path, out: Path, settings: StudySettings, plan: dict, names: list[str], multi: bool, seeds,
+              show_progress: Display, console, tracking: RunTracking) -> dict:
+    """Every run of the plan, then the comparison (printed, written, tracked on the study's run)."""
     results: dict[str, dict[int, dict]] = {name: {} for name in names}
     costs: dict[str, list[dict]] = {name: [] for name in names}
     failed: dict[str, dict[str, str]] = {}  # variant → seed → why its run failed
@@ -121,13 +133,15 @@ def run_study(path: str | Path, out: str | Path, assignments: Sequence[str] = ()
             note = f" (its {'one-seed' if multi else f'seed-{cfg.seed}'} run, reused)" if reused else ""
             console.print(f"[bold]{settings.name}: {name}{f' seed {seed}' if multi else ''}[/bold] → {target}{note}")
             try:
-                done = runner.run_experiment(cfg, target, resume=True, show_progress=show_progress, heard=heard)
+                nest = Nest(tracking, f"{name} seed {cfg.seed}" if multi else name,
+                            {"fedsilo.study": settings.name, "fedsilo.variant": name, "fedsilo.seed": str(cfg.seed)})
+                done = runner.run_experiment(cfg, target, resume=True, show_progress=show_progress, heard=heard,
+                                             nest=nest)
             except RunFailed as err:  # the other runs go on; this variant is shown as failed
                 failed.setdefault(name, {})[str(cfg.seed)] = str(err)
                 console.print(f"{settings.name}: {name}{f' seed {seed}' if multi else ''} failed: {err}",
                               highlight=False)
                 continue
-            write_report(target)
             console.print(_finished_line(settings.name, name, done, seed if multi else None), highlight=False)
             results[name][cfg.seed] = done
             where[name][str(cfg.seed)] = str(target)
@@ -177,6 +191,7 @@ def run_study(path: str | Path, out: str | Path, assignments: Sequence[str] = ()
     if failed:
         study["failed"] = failed
     _write(out, settings, study)
+    log_study(tracking, study, out, markdown_table(study["table"]))
     _print(console, settings, study)
     if failed:
         raise StudyFailed(_failed_line(settings.name, failed, len(plan) * len(names), multi, path, out / "report.md"))
