@@ -97,11 +97,12 @@ def _client_texts(data_dir, silos):
 
 
 def test_deployment_matches_in_process_and_carries_no_client_text(tmp_path, data_dir, local_run):
+    """Also tracked (MLflow and TensorBoard, server side): no tracked file holds a silo's text either."""
     from fedsilo.config import to_toml
     from fedsilo.engines.flower.deploy import LocalDeployment, silo_nodes
     from tests.wiretap import Wiretap
 
-    cfg = validate(flower_config(data_dir))
+    cfg = validate(flower_config(data_dir, tracking={"backend": "both"}))
     config = tmp_path / "exp.toml"
     config.write_text(to_toml(cfg))
     silos = silo_nodes(cfg.task, data_dir)
@@ -135,8 +136,19 @@ def test_deployment_matches_in_process_and_carries_no_client_text(tmp_path, data
     streams = tap.captured()
     assert sum(len(s) for s in streams) > 3 * 2 * 1_000_000  # the model went down and up
     assert any(b"delta_loss" in s for s in streams)  # the capture is readable (not compressed)
-    leaked = [t for t in _client_texts(data_dir, cfg.task.silos) if any(t.encode() in s for s in streams)]
+    texts = _client_texts(data_dir, cfg.task.silos)
+    leaked = [t for t in texts if any(t.encode() in s for s in streams)]
     assert leaked == []
+    # what the ServerApp tracked: the MLflow store and its artifacts beside the run, the TensorBoard events
+    tracked = [p for p in [tmp_path / "mlflow.db", *(tmp_path / "mlartifacts").rglob("*"),
+                           *(tmp_path / "run" / "tensorboard").rglob("*")] if p.is_file()]
+    names = {p.name for p in tracked}
+    assert "mlflow.db" in names and {"report.md", "results.json"} <= names
+    assert any(n.startswith("events.out.tfevents") for n in names)
+    blobs = [p.read_bytes() for p in tracked]
+    assert any(b"silo/yelp/mean_loss" in b for b in blobs)  # the files are searchable as they are
+    assert [t for t in texts if any(t.encode() in b for b in blobs)] == []
+    assert not (tmp_path / "fl" / "state" / "mlflow.db").exists()  # the silos track nothing
 
 
 def test_a_supernode_killed_mid_run_is_recorded_missing(tmp_path, data_dir):

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 import fedsilo.runs.runner as runner
-import fedsilo.runs.study as study_module
 from fedsilo.cli import parser
 from fedsilo.config import ConfigError
 from fedsilo.errors import RunDirError
@@ -39,7 +38,6 @@ def _faked(monkeypatch, items: bool) -> None:
         return fake({silo: 100 * sum(v) / len(v) for silo, v in values.items()})
 
     monkeypatch.setattr(runner, "run_experiment", run)
-    monkeypatch.setattr(study_module, "write_report", lambda out: None)
 
 
 def _one_seed_study(tmp_path) -> Path:

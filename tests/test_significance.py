@@ -264,7 +264,6 @@ def test_a_study_judges_its_claims_over_the_runs_item_records(tmp_path, monkeypa
     """Through `run_study` (runs faked, each writing its results and per-item records): the check names
     the randomisation test over every silo's items and both seeds, at `[study] alpha`."""
     import fedsilo.runs.runner as runner
-    import fedsilo.runs.study as study_module
     from fedsilo.runs.study import run_study
     from tests.test_study import STUDY, fake
 
@@ -280,7 +279,6 @@ def test_a_study_judges_its_claims_over_the_runs_item_records(tmp_path, monkeypa
         return fake({silo: 100 * sum(v) / len(v) for silo, v in items.items()})
 
     monkeypatch.setattr(runner, "run_experiment", run)
-    monkeypatch.setattr(study_module, "write_report", lambda out: None)
     path = tmp_path / "s.toml"
     path.write_text(STUDY.replace('metrics = ["map", "mrr"]', 'metrics = ["map"]\nbaseline = "fedavg"\nalpha = 0.01'))
     study = run_study(path, tmp_path / "study", only=["alone", "fedavg"], show_progress=False, seeds=[0, 1])

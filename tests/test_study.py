@@ -291,14 +291,12 @@ def test_no_common_silo_marks_each_line_and_judges_nothing():
 def test_a_study_on_different_silos_compares_over_the_common_ones(tmp_path, monkeypatch, capsys):
     """Through `run_study` (runs faked): a variant on alpha and beta beside two on three silos; two seeds."""
     import fedsilo.runs.runner as runner
-    import fedsilo.runs.study as study_module
     silos = {"alone": {0: {"alpha": 0.30, "beta": 0.50}, 1: {"alpha": 0.34, "beta": 0.52}},
              "fedavg": {0: {"alpha": 0.60, "beta": 0.70, "gamma": 0.10},
                         1: {"alpha": 0.62, "beta": 0.72, "gamma": 0.90}},
              "equal": {0: {"alpha": 0.50, "beta": 0.60, "gamma": 0.90}, 1: {"alpha": 0.52, "beta": 0.60, "gamma": 0.2}}}
     monkeypatch.setattr(runner, "run_experiment",
                         lambda cfg, out, **_: fake(silos[cfg.name.split("/")[1]][cfg.seed]))
-    monkeypatch.setattr(study_module, "write_report", lambda out: None)
     path = tmp_path / "s.toml"
     path.write_text(STUDY.replace('metrics = ["map", "mrr"]', 'metrics = ["map"]\nbaseline = "fedavg"'))
     out = tmp_path / "study"

@@ -326,7 +326,7 @@ class LocalDeployment:
 
     def run(self, config: Path, out: Path, overrides: list[str] = (), resume: bool = False,
             timeout: float | None = None, progress: bool = True, stream: TextIO | None = None) -> None:
-        """Submit and wait until the run has written its results (the log stream may outlive it).
+        """Submit and wait until the run has written its results and its ServerApp has ended.
 
         A line per finished round goes to `stream` (stderr by default): without `progress`
         (`--no-progress`) as plain log lines, with no "run submitted" line before them. A run that
@@ -353,6 +353,12 @@ class LocalDeployment:
                             "the Flower run ended without results" + log_tail(self.log("flwr-run"))))
                 if deadline and time.monotonic() > deadline:
                     raise TimeoutError(f"no results in {out} after {timeout}s; see {self.workdir}/*.log")
+                time.sleep(0.5)
+            # The ServerApp goes on after results.json (its report, its trackers): `flwr run --stream` ends
+            # when Flower marks the run finished, i.e. when the ServerApp has returned; a dead SuperLink ends it too.
+            link = self.procs.get("superlink")
+            while proc.poll() is None and (link is None or link.poll() is None):
+                printer.poll()
                 time.sleep(0.5)
         finally:
             printer.poll()  # the last rounds, also when the run failed
