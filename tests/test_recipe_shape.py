@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fedsilo"
 # Config fields whose value is a registered policy's (or a mode's) name.
 POLICY_FIELDS = {"name", "download", "overwrite", "upload", "mode", "weighting", "aggregation", "optimizer",
                  "objective", "lr_schedule", "batching", "before_training", "after_training", "pseudo_source",
-                 "paradigm", "kind", "bias_correction", "noise"}
+                 "paradigm", "kind", "bias_correction", "noise", "backend"}
 
 # The modules that run after the build: a round's loop, its stages and the engines moving it.
 RUN_TIME = ("server.py", "client/silo.py", "client/trainers.py", "client/recipe.py", "client/train.py",

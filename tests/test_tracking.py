@@ -100,7 +100,7 @@ def tracked(tmp_path_factory):
     data = write_silos(root / "data")
     run = root / "runs" / "r"
     first = run_experiment(validate(tiny_config(data, tracking={"backend": "both"})), run, show_progress=False)
-    rounds3 = tiny_config(data, tracking={"backend": "both"}, federation={"rounds": 3})
+    rounds3 = tiny_config(data, tracking={"backend": "both", "export": True}, federation={"rounds": 3})
     again = run_experiment(validate(rounds3), run, resume=True, show_progress=False)
     return run, first, again, validate(rounds3)
 
@@ -144,6 +144,15 @@ def test_a_run_logs_its_report_plots_and_results_as_artifacts(tracked):
         f"plots/{p.name}" for p in (run / "plots").iterdir())
     local = client.download_artifacts(logged.info.run_id, "results.json", str(run.parent / "dl"))
     assert json.loads(open(local).read()) == again
+    # tracking.export (turned on for the resume): the model as `fedsilo export` writes it, the best round's weights
+    assert {"model/global/model.safetensors", "model/global/config.json", "model/global/README.md"} <= set(files)
+    from safetensors.torch import load_file
+    exported = load_file(client.download_artifacts(logged.info.run_id, "model/global/model.safetensors",
+                                                   str(run.parent / "dl2")))
+    import torch
+    best = torch.load(run / "best.pt", weights_only=True)["server"]["params"]
+    name = next(k for k in best if k.endswith("lm_head.weight") or "shared" in k)
+    assert torch.equal(exported[name], best[name])
 
 
 def test_a_run_writes_tensorboard_scalars_per_silo_each_round_once(tracked):
@@ -220,6 +229,11 @@ def test_a_study_is_a_parent_run_with_each_variant_and_seed_nested_and_its_claim
     claims = open(client.download_artifacts(pid, "claims.md", str(tmp_path / "dl"))).read()
     assert study["checks"] and all(line in claims for line in study["checks"])
     assert not math.isnan(parent.data.metrics["fedavg/map"])
+    # the study again: every run is finished, so nothing is logged twice, in the parent or a nested run
+    run_study(tmp_path / "s.toml", out, show_progress=False, seeds=[0, 1])
+    assert [m.step for m in client.get_metric_history(pid, "fedavg/map")] == [4]  # 4 runs compared
+    assert all(steps(client, r.info.run_id, "round") == [1] for r in nested)
+    assert len(client.search_runs([parent.info.experiment_id])) == 1 + 4 + 2 * 2
     # TensorBoard: each run its own folder under the study, the study's table as text
     assert [s for s, _ in scalars(out / "fedavg" / "seed-1" / "tensorboard", "round")] == [1]
     events = EventAccumulator(str(out / "tensorboard"))

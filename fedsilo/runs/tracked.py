@@ -136,7 +136,10 @@ class RunTracking:
         self._each(f"log {name}", lambda t: t.log_text(text, name))
 
     def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
-        self._each("log metrics", lambda t: t.log_metrics(metrics, step))
+        """`metrics` at `step`, in each tracker that does not hold its first one there already (a rerun)."""
+        first = next(iter(metrics), None)
+        self._each("log metrics", lambda t: None if first is None or t.has_step(first, step) else
+                   t.log_metrics(metrics, step))
 
     def log_files(self, files: Mapping[str, Path]) -> None:
         self._each("log files", lambda t: t.log_files(files))
@@ -186,7 +189,8 @@ def study_tracking(cfg: RunConfig, out: Path, name: str, params: Mapping[str, An
 
 def log_study(tracking: RunTracking, study: Mapping[str, Any], out: Path, table_md: str) -> None:
     """The study's comparison on its parent run: the table, each variant's mean over seeds as metrics
-    (`<variant>/<metric>`), the claims against the baseline, report.md and study.json."""
+    (`<variant>/<metric>`, step = the runs compared: a rerun of the same study logs them once), the claims
+    against the baseline, report.md and study.json."""
     means: dict[str, float] = {}
     for variant, by_seed in (study.get("per_seed") or {}).items():
         for metric in study.get("metrics") or []:
@@ -197,7 +201,7 @@ def log_study(tracking: RunTracking, study: Mapping[str, Any], out: Path, table_
     claims = "\n".join([f"# Against {study.get('baseline')}", "", f"{study.get('rule', '')}.", "",
                         *(f"- {line}" for line in study.get("checks") or [])]) + "\n"
     tracking.start()
-    tracking.log_metrics(means)
+    tracking.log_metrics(means, step=sum(len(by_seed) for by_seed in (study.get("per_seed") or {}).values()))
     tracking.log_text(table_md, "study_table.md")
     if study.get("checks"):
         tracking.log_text(claims, "claims.md")

@@ -11,6 +11,7 @@ from fedsilo.settings import Strict
 from . import BOTH, TRACKERS
 
 PACKAGES = {"mlflow": "mlflow", "tensorboard": "tensorboard"}  # what each built-in tracker imports
+ALIASES = {"off": (), "both": BOTH}  # backend names that stand for no tracker, or for several
 
 
 class TrackingConfig(Strict):
@@ -29,8 +30,8 @@ class TrackingConfig(Strict):
     @field_validator("backend")
     @classmethod
     def _known(cls, v: str) -> str:
-        if v not in ("off", "both") and v not in TRACKERS:
-            raise ValueError(f"{v!r} is not a choice: 'off', 'both', " + ", ".join(map(repr, TRACKERS)))
+        if v not in ALIASES and v not in TRACKERS:
+            raise ValueError(f"{v!r} is not a choice: " + ", ".join(map(repr, [*ALIASES, *TRACKERS])))
         return v
 
     @field_validator("uri", "experiment")
@@ -43,7 +44,7 @@ class TrackingConfig(Strict):
     @property
     def backends(self) -> tuple[str, ...]:
         """The trackers this section names, in order."""
-        return () if self.backend == "off" else BOTH if self.backend == "both" else (self.backend,)
+        return ALIASES.get(self.backend, (self.backend,))
 
 
 def missing_packages(settings: TrackingConfig) -> list[str]:
