@@ -51,7 +51,7 @@ def test_every_argument_of_every_command_has_help():
             if isinstance(action, argparse._SubParsersAction):
                 for choice in action._choices_actions:
                     assert choice.help, f"{name} {choice.dest}: no help text"
-    assert {n for n, _ in seen} == {"fedsilo", "fedsilo run", "fedsilo deploy", "fedsilo report", "fedsilo data",
+    assert {n for n, _ in seen} == {"fedsilo", "fedsilo run", "fedsilo deploy", "fedsilo report", "fedsilo track", "fedsilo data",
                                     "fedsilo study", "fedsilo compare", "fedsilo init", "fedsilo export", "fedsilo generate",
                                     "fedsilo keys", "fedsilo keys new", "fedsilo keys roster", "fedsilo ledger",
                                     "fedsilo ledger show", "fedsilo ledger reset"}

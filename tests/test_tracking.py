@@ -232,8 +232,12 @@ def test_a_study_is_a_parent_run_with_each_variant_and_seed_nested_and_its_claim
     # the study again: every run is finished, so nothing is logged twice, in the parent or a nested run
     run_study(tmp_path / "s.toml", out, show_progress=False, seeds=[0, 1])
     assert [m.step for m in client.get_metric_history(pid, "fedavg/map")] == [4]  # 4 runs compared
-    assert all(steps(client, r.info.run_id, "round") == [1] for r in nested)
-    assert len(client.search_runs([parent.info.experiment_id])) == 1 + 4 + 2 * 2
+    runs = client.search_runs([parent.info.experiment_id])
+    assert len(runs) == 1 + 4 + 2 * 2  # the study, its 4 runs, the alone runs' 2 silos each
+    rounds = {r.info.run_name: steps(client, r.info.run_id, "round") for r in runs if r.info.run_id != pid}
+    assert all(rounds[f"fedavg seed {s}"] == [1] and rounds[f"alone seed {s}"] == [] for s in (0, 1))
+    assert [rounds[name] for name in ("alpha", "beta")] == [[1], [1]]  # (names repeat per seed: the last seen)
+    assert all(steps(client, r.info.run_id, "round") in ([1], []) for r in runs)
     # TensorBoard: each run its own folder under the study, the study's table as text
     assert [s for s, _ in scalars(out / "fedavg" / "seed-1" / "tensorboard", "round")] == [1]
     events = EventAccumulator(str(out / "tensorboard"))
