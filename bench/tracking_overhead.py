@@ -1,6 +1,6 @@
 """What tracking costs a run: the same config with `[tracking] backend = "off"` and with "both" (MLflow's
-local SQLite store and TensorBoard's event files), side by side in one process, interleaved (off, both,
-off, both …) so that the machine's noise hits both sides.
+local SQLite store and TensorBoard's event files), side by side in one process, interleaved (off both,
+both off, off both …) so that the machine's noise and any drift over the runs hit both sides alike.
 
 Two measures, both printed:
 - per round: the seconds the tracked run spends in tracking after each round (timed around
@@ -11,7 +11,7 @@ Two measures, both printed:
   (results, report.md, plots as artifacts).
 
     python bench/tracking_overhead.py [--config experiments/lorar/small.toml] [--rounds 2] [--max-train 32]
-        [--repeats 2] [--first off|both] [--json bench/results/tracking_overhead.json]
+        [--repeats 4] [--first off|both] [--json bench/results/tracking_overhead.json]
 """
 from __future__ import annotations
 
@@ -78,8 +78,10 @@ def main() -> int:
     ap.add_argument("--config", default=str(ROOT / "experiments/lorar/small.toml"))
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-train", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--first", choices=["off", "both"], default="off", help="which side runs first in each pair")
+    ap.add_argument("--repeats", type=int, default=4)
+    ap.add_argument("--first", choices=["off", "both"], default="off",
+                    help="which side runs first in the first pair; the pairs then alternate (off both, both off, …), "
+                         "so a drift of the machine or the process over the runs hits both sides alike")
     ap.add_argument("--json", help="write the measurements here")
     args = ap.parse_args()
     overrides = [f"federation.rounds={args.rounds}", f"task.max_train={args.max_train}"]
@@ -87,7 +89,8 @@ def main() -> int:
     runs = []
     with tempfile.TemporaryDirectory(prefix="fedsilo-tracking-bench-") as tmp:
         for i in range(args.repeats):
-            for backend in (("off", "both") if args.first == "off" else ("both", "off")):
+            pair = ("off", "both") if args.first == "off" else ("both", "off")
+            for backend in (pair if i % 2 == 0 else pair[::-1]):
                 out = Path(tmp) / f"{backend}-{i}"
                 runs.append(one_run(args.config, overrides, backend, out))
                 r = runs[-1]
