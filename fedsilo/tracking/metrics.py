@@ -25,9 +25,7 @@ def part(name: str) -> str:
 
 def numbers(node: Any, prefix: str) -> dict[str, float]:
     """Every number (and boolean, as 0/1) under `node`, named `prefix/key/...`; lists and strings left out."""
-    if isinstance(node, bool):
-        return {prefix: float(node)}
-    if isinstance(node, (int, float)):
+    if isinstance(node, (int, float)):  # a bool too: float(True) is 1.0
         return {prefix: float(node)}
     if isinstance(node, Mapping):
         out: dict[str, float] = {}

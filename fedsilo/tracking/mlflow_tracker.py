@@ -94,8 +94,8 @@ def _experiment(client, name: str, uri: str) -> str:
         return found.experiment_id
 
 
-def _continued(client, state: dict, uri: str) -> str | None:
-    """The run id in tracking.json, where it is a run of this store (a resume); else None."""
+def _continued(client, state: dict, uri: str):
+    """The MLflow run tracking.json names, where it is an active run of this store (a resume); else None."""
     from mlflow.exceptions import MlflowException
 
     if state.get("tracking_uri") != uri or not isinstance(state.get("run_id"), str):
@@ -104,7 +104,7 @@ def _continued(client, state: dict, uri: str) -> str | None:
         run = client.get_run(state["run_id"])
     except MlflowException:  # deleted from the store, or another store at the same address
         return None
-    return run.info.run_id if run.info.lifecycle_stage == "active" else None
+    return run if run.info.lifecycle_stage == "active" else None
 
 
 def open_mlflow(settings, run: TrackedRun, parent: MLflowTracker | None) -> MLflowTracker:
@@ -119,16 +119,15 @@ def open_mlflow(settings, run: TrackedRun, parent: MLflowTracker | None) -> MLfl
     uri = parent.uri if parent is not None else settings.uri or os.environ.get("MLFLOW_TRACKING_URI") \
         or default_uri(run.path)
     client = MlflowClient(uri)
-    run_id = _continued(client, read_state(run.path, BACKEND), uri)
-    if run_id is None:
+    found = _continued(client, read_state(run.path, BACKEND), uri)
+    if found is None:
         experiment_id = parent.experiment_id if parent is not None else _experiment(client, run.experiment, uri)
         tags = {PARENT_TAG: parent.run_id} if parent is not None else {}
-        run_id = client.create_run(experiment_id, run_name=run.name, tags=tags).info.run_id
+        run_id, logged = client.create_run(experiment_id, run_name=run.name, tags=tags).info.run_id, {}
         write_state(run.path, BACKEND, {"run_id": run_id, "tracking_uri": uri, "experiment_id": experiment_id})
     else:
-        experiment_id = client.get_run(run_id).info.experiment_id
+        run_id, experiment_id, logged = found.info.run_id, found.info.experiment_id, found.data.params
         client.update_run(run_id, status="RUNNING")
-    logged = client.get_run(run_id).data.params
     params = [Param(k[:250], v[:PARAM_VALUE]) for k, v in run.params.items() if k[:250] not in logged]
     changed = {f"fedsilo.resumed_with.{k}"[:250]: v[:PARAM_VALUE] for k, v in run.params.items()
                if k[:250] in logged and logged[k[:250]] != v[:PARAM_VALUE]}  # e.g. more federation.rounds
