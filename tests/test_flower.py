@@ -74,6 +74,7 @@ def assert_bytes_agree(run):
             assert abs(c["flower_bytes_down"] - c["bytes_down"]) <= 0.05 * c["bytes_down"]
 
 
+@pytest.mark.ray_actor_per_core
 def test_flower_simulation_matches_in_process(tmp_path, data_dir, local_run):
     from fedsilo.runs.flower import run_simulation
 
